@@ -1,0 +1,60 @@
+// Command kharness runs a local Kubernetes control plane for ucm's e2e tests and `make run`:
+// embedded etcd + in-process kube-apiserver, optionally kube-controller-manager as a child.
+// Design: shared/spec/local-cluster.md §2.
+//
+//	kharness serve --dir D [--with-kcm] [--rm-dir] [--exit-on-stdin-eof]
+//	kharness kcm --kubeconfig D/kubeconfig [kube-controller-manager flags...]
+package main
+
+import (
+	"fmt"
+	"os"
+	_ "time/tzdata" // as cmd/kube-apiserver: time zone support for CronJob
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // as cmd/kube-apiserver: JSON log format
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // as cmd/kube-apiserver: client-go metrics
+	_ "k8s.io/component-base/metrics/prometheus/version"  // as cmd/kube-apiserver: version metric
+	kcmapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+)
+
+const usage = `usage:
+  kharness serve --dir D [--with-kcm] [--rm-dir] [--exit-on-stdin-eof]
+  kharness kcm --kubeconfig D/kubeconfig [kube-controller-manager flags...]
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "serve":
+		os.Exit(serve(os.Args[2:]))
+	case "kcm":
+		os.Exit(kcm(os.Args[2:]))
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+}
+
+// kcmControllers are the only controllers ucm's tests need (spec §2.7): never the workload
+// controllers, which would overwrite statuses that tests set by hand.
+const kcmControllers = "garbage-collector-controller,namespace-controller,serviceaccount-controller," +
+	"root-ca-certificate-publisher-controller"
+
+// kcm runs kube-controller-manager in this process. It must be its own process: the apiserver
+// and KCM share process-global state (feature gates, logging, metrics registries).
+func kcm(args []string) int {
+	cmd := kcmapp.NewControllerManagerCommand()
+	// Defaults first so that caller flags given later win.
+	cmd.SetArgs(append([]string{
+		"--controllers=" + kcmControllers,
+		"--leader-elect=false",
+		"--secure-port=0",
+	}, args...))
+	return cli.Run(cmd)
+}

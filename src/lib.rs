@@ -1,0 +1,1 @@
+//! ucm: the Unified Controller Manager.
