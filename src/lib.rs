@@ -1,1 +1,3 @@
 //! ucm: the Unified Controller Manager.
+
+pub mod vmexport;
