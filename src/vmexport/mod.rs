@@ -2,8 +2,10 @@
 //! (shared/spec/vmexport.md).
 
 pub mod build;
+pub mod certs;
 pub mod duration;
 pub mod naming;
+pub mod server;
 pub mod types;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

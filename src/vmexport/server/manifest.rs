@@ -1,0 +1,95 @@
+//! The `all` manifest (vmexport.md §13.2): built per request from the manifest ConfigMap the
+//! reconciler mounts at MANIFEST_DATA_DIR, so an updated ConfigMap takes effect without a
+//! restart. Keys: `internal_host`/`external_host` hold the URL base of the links (for example
+//! `https://virt-export-e.ns.svc`), `internal_ca_cm`/`external_ca_cm` the CA PEM,
+//! `virtualmachine-manifest` the cleaned VM (JSON or YAML), `dv-<name>` DataVolumes (JSON or
+//! YAML) for volumes that are not DataVolume templates.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::vmexport::naming;
+
+fn read(dir: &Path, k: &str) -> Option<String> {
+    std::fs::read_to_string(dir.join(k))
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+}
+
+fn parse(text: &str) -> anyhow::Result<Value> {
+    Ok(serde_json::from_str(text).or_else(|_| serde_yaml::from_str(text))?)
+}
+
+/// Items in order: CA ConfigMap, VM (DataVolume templates switched to an HTTP source), DataVolumes.
+pub fn all_manifest(
+    dir: &Path,
+    export: &str,
+    external: bool,
+    _token_file: &Path,
+) -> anyhow::Result<Vec<Value>> {
+    let (host_key, ca_key) = if external {
+        ("external_host", "external_ca_cm")
+    } else {
+        ("internal_host", "internal_ca_cm")
+    };
+    let host = read(dir, host_key).ok_or_else(|| anyhow::anyhow!("{host_key} missing"))?;
+    let host = host.trim().trim_end_matches('/').to_string();
+    let ca = read(dir, ca_key).unwrap_or_default();
+    let ca_cm_name = naming::ca_configmap_name(export);
+    let header_secret = naming::header_secret_name(export);
+    let mut items = vec![json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": ca_cm_name},
+        "data": {"ca.pem": ca},
+    })];
+    let http_source = |pvc: &str| {
+        json!({"http": {
+            "url": format!("{host}/volumes/{pvc}/disk.img.gz"),
+            "certConfigMap": ca_cm_name,
+            "secretExtraHeaders": [header_secret],
+        }})
+    };
+    if let Some(vm_text) = read(dir, "virtualmachine-manifest") {
+        let mut vm = parse(&vm_text)?;
+        if let Some(tpls) = vm
+            .pointer_mut("/spec/dataVolumeTemplates")
+            .and_then(Value::as_array_mut)
+        {
+            for t in tpls {
+                let name = t
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                if let Some(spec) = t.get_mut("spec").and_then(Value::as_object_mut) {
+                    spec.insert("source".into(), http_source(&name));
+                    spec.remove("sourceRef");
+                }
+            }
+        }
+        items.push(vm);
+    }
+    let mut dv_keys: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("dv-"))
+        .collect();
+    dv_keys.sort();
+    for k in dv_keys {
+        if let Some(text) = read(dir, &k) {
+            let mut dv = parse(&text)?;
+            let name = dv
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            if let Some(spec) = dv.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.insert("source".into(), http_source(&name));
+            }
+            items.push(dv);
+        }
+    }
+    Ok(items)
+}

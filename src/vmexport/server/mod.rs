@@ -1,0 +1,205 @@
+//! `ucm export-server`: the HTTPS data path of a VirtualMachineExport (vmexport.md §13).
+
+pub mod auth;
+pub mod config;
+pub mod dir;
+pub mod handler;
+pub mod manifest;
+pub mod pgzip;
+pub mod range;
+pub mod ready;
+pub mod tar;
+pub mod tls;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
+use tokio::net::TcpListener;
+
+use self::config::Config;
+use self::handler::State;
+use self::ready::Readiness;
+
+/// In-flight requests get this long after DEADLINE or SIGTERM (OURS).
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// Entry point of the subcommand: configuration from the process environment. Returns the
+/// process exit code (0 at DEADLINE or SIGTERM, 1 on a configuration error).
+pub fn main() -> i32 {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let cfg = match config::from_env(std::env::vars()) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "invalid export-server configuration");
+            return 1;
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return 1;
+        }
+    };
+    match rt.block_on(run(cfg)) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "export server failed");
+            1
+        }
+    }
+}
+
+async fn shutdown_signal(deadline: Option<jiff::Timestamp>) {
+    let until_deadline = async {
+        match deadline {
+            Some(d) => {
+                let now = jiff::Timestamp::now();
+                let wait = if d > now {
+                    Duration::try_from(d.duration_since(now)).unwrap_or(Duration::ZERO)
+                } else {
+                    Duration::ZERO
+                };
+                tokio::time::sleep(wait).await;
+                tracing::info!("DEADLINE reached, shutting down");
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let sigterm = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+                tracing::info!("SIGTERM received, shutting down");
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = until_deadline => {},
+        _ = sigterm => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+}
+
+async fn serve_metrics(listener: TcpListener, registry: Registry) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |_req| {
+                let registry = registry.clone();
+                async move {
+                    let mut buf = Vec::new();
+                    let _ = TextEncoder::new().encode(&registry.gather(), &mut buf);
+                    Ok::<_, std::convert::Infallible>(http::Response::new(
+                        http_body_util::Full::new(bytes::Bytes::from(buf)),
+                    ))
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    let tls = tls::server_config(
+        &cfg.cert_file,
+        &cfg.key_file,
+        cfg.tls_min_version,
+        cfg.tls_cipher_suites.as_deref(),
+    )?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+
+    let registry = Registry::new();
+    let bytes_served = IntCounterVec::new(
+        Opts::new(
+            "ucm_export_server_bytes_served_total",
+            "Response body bytes written by format (compressed bytes for the gz formats, before TLS)",
+        ),
+        &["format"],
+    )?;
+    registry.register(Box::new(bytes_served.clone()))?;
+    for f in ["raw", "gzip", "dir", "tar.gz"] {
+        bytes_served.with_label_values(&[f]);
+    }
+
+    let volumes = cfg.volumes.clone();
+    let ready = tokio::task::spawn_blocking(move || Readiness::new(volumes)).await?;
+    let listener = TcpListener::bind(cfg.listen).await?;
+    tracing::info!(addr = %listener.local_addr()?, volumes = cfg.volumes.len(), "export server listening");
+    if let Some(addr) = cfg.metrics_addr {
+        match TcpListener::bind(addr).await {
+            Ok(l) => {
+                tokio::spawn(serve_metrics(l, registry.clone()));
+            }
+            Err(e) => tracing::warn!(%addr, error = %e, "cannot serve metrics"),
+        }
+    }
+    let deadline = cfg.deadline;
+    let state = Arc::new(State {
+        cfg,
+        ready,
+        bytes_served,
+    });
+
+    let graceful = GracefulShutdown::new();
+    let shutdown = shutdown_signal(deadline);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let Ok((tcp, peer)) = accepted else { continue };
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                let state = Arc::clone(&state);
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let tls = match tokio::time::timeout(Duration::from_secs(30), acceptor.accept(tcp)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                    let svc = service_fn(move |req| {
+                        let state = Arc::clone(&state);
+                        async move { Ok::<_, std::convert::Infallible>(handler::handle(state, req).await) }
+                    });
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(tls), svc);
+                    let conn = watcher.watch(conn.into_owned());
+                    if let Err(e) = conn.await {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {},
+        _ = tokio::time::sleep(DRAIN) => tracing::warn!("requests still running after the drain period; exiting"),
+    }
+    Ok(())
+}
