@@ -80,8 +80,14 @@ impl Runtime {
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
         let (reader, writer) = reflector::store();
+        let synced = self.track_synced(name);
         let stream = watcher(api, cfg)
             .default_backoff()
+            .inspect(move |ev| {
+                if matches!(ev, Ok(watcher::Event::InitDone)) {
+                    synced();
+                }
+            })
             .reflect(writer)
             .applied_objects();
         let stream = match trigger {
@@ -93,7 +99,6 @@ impl Runtime {
                 .boxed(),
             Trigger::AnyChange => stream.boxed(),
         };
-        self.track_synced(name, reader.clone());
         Controller::for_stream(stream, reader)
             .with_config(Config::default().concurrency(self.config.max_concurrent_reconciles))
             .reconcile_all_on(self.leadership.acquisitions())
