@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod conditions;
 pub mod runtime;
+pub mod snapshot;
 
 use runtime::Feature;
 
