@@ -4,6 +4,8 @@
 //! Spec: `shared/spec/snapshot.md`. Upstream (Miroir) is AGPL: this is a clean-room design from
 //! the spec's behaviour only.
 
+pub mod build;
+pub mod round;
 pub mod types;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
