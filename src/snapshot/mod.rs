@@ -4,6 +4,7 @@
 //! Spec: `shared/spec/snapshot.md`. Upstream (Miroir) is AGPL: this is a clean-room design from
 //! the spec's behaviour only.
 
+pub mod agent;
 pub mod build;
 pub mod round;
 pub mod types;
