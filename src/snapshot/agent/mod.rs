@@ -3,5 +3,6 @@
 //! fakes in tests.
 
 pub mod backend;
+pub mod barrier;
 pub mod cmd;
 pub mod decide;
