@@ -6,3 +6,6 @@ pub mod backend;
 pub mod barrier;
 pub mod cmd;
 pub mod decide;
+pub mod journal;
+pub mod pools;
+pub mod run;
