@@ -106,6 +106,37 @@ impl Runtime {
     }
 }
 
+impl Runtime {
+    /// A secondary watch for `Controller::watches_stream`/`owns_stream` or a mapper's lookups:
+    /// watcher with backoff, reflected into a store, counted in `informers-synced`, yielding
+    /// every touched object.
+    pub fn reflect<K>(
+        &self,
+        name: &'static str,
+        api: Api<K>,
+        cfg: watcher::Config,
+    ) -> (
+        reflector::Store<K>,
+        impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    )
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let (reader, writer) = reflector::store();
+        let synced = self.track_synced(name);
+        let stream = watcher(api, cfg)
+            .default_backoff()
+            .inspect(move |ev| {
+                if matches!(ev, Ok(watcher::Event::InitDone)) {
+                    synced();
+                }
+            })
+            .reflect(writer)
+            .touched_objects();
+        (reader, stream)
+    }
+}
+
 /// Per-controller state shared by the wrapped reconcile and error policy.
 pub struct Runner<K: Resource, C> {
     pub ctx: Arc<C>,

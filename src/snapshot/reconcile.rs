@@ -15,10 +15,9 @@ use kube::{
     api::ListParams,
     core::DeserializeGuard,
     runtime::{
-        WatchStreamExt,
         controller::Action,
         events::EventType,
-        reflector::{self, ObjectRef, Store},
+        reflector::{ObjectRef, Store},
         watcher,
     },
 };
@@ -402,31 +401,23 @@ pub async fn run(rt: Runtime, settings: build::Settings, agent_namespace: String
     let snapshots: Api<MiroirSnapshot> = Api::all(client.clone());
     let guarded: Api<DeserializeGuard<MiroirSnapshot>> = Api::all(client.clone());
 
-    let (vol_reader, vol_writer) = reflector::store::<DeserializeGuard<MiroirVolume>>();
-    let volume_events = watcher(
+    let (vol_reader, volume_events) = rt.reflect(
+        "miroirvolumes",
         Api::<DeserializeGuard<MiroirVolume>>::all(client.clone()),
         watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(vol_writer)
-    .touched_objects();
-    let (lease_reader, lease_writer) = reflector::store::<Lease>();
-    let lease_events = watcher(
+    );
+    let (lease_reader, lease_events) = rt.reflect(
+        "snapshot-agent-leases",
         Api::<Lease>::namespaced(client.clone(), &agent_namespace),
         watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(lease_writer)
-    .touched_objects()
-    .filter(|l| {
+    );
+    let lease_events = lease_events.filter(|l| {
         futures::future::ready(
             l.as_ref()
                 .map(|l| l.name_any().starts_with(AGENT_LEASE_PREFIX))
                 .unwrap_or(true),
         )
     });
-    rt.track_synced("miroirvolumes", vol_reader.clone());
-    rt.track_synced("snapshot-agent-leases", lease_reader.clone());
 
     let controller = rt.controller::<MiroirSnapshot>(
         CONTROLLER,
