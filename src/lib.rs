@@ -1,3 +1,14 @@
-//! ucm: the Unified Controller Manager.
+//! ucm, the Unified Controller Manager: one process hosting the Jumpstarter exporter, Miroir
+//! snapshot and KubeVirt VM-export reconcilers, each behind its own `--enable-<feature>` flag.
 
+pub mod cli;
+pub mod conditions;
+pub mod runtime;
+pub mod snapshot;
 pub mod vmexport;
+
+use runtime::Feature;
+
+/// The feature registry: one line per feature. Everything else (flags, CRDs, RBAC, readiness,
+/// agent subcommands) is derived from it.
+pub static FEATURES: &[&Feature] = &[&snapshot::FEATURE, &vmexport::FEATURE];

@@ -28,42 +28,6 @@ use self::ready::Readiness;
 /// In-flight requests get this long after DEADLINE or SIGTERM (OURS).
 const DRAIN: Duration = Duration::from_secs(30);
 
-/// Entry point of the subcommand: configuration from the process environment. Returns the
-/// process exit code (0 at DEADLINE or SIGTERM, 1 on a configuration error).
-pub fn main() -> i32 {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
-    let cfg = match config::from_env(std::env::vars()) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(error = %e, "invalid export-server configuration");
-            return 1;
-        }
-    };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return 1;
-        }
-    };
-    match rt.block_on(run(cfg)) {
-        Ok(()) => 0,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "export server failed");
-            1
-        }
-    }
-}
-
 async fn shutdown_signal(deadline: Option<jiff::Timestamp>) {
     let until_deadline = async {
         match deadline {

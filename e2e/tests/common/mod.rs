@@ -1,0 +1,593 @@
+//! The e2e fixture (local-cluster.md §6): one real control plane per test binary (or the one named
+//! by `UCM_E2E_KUBECONFIG`), a fresh namespace per test, ucm's CRDs installed once, the manager as
+//! a real subprocess, and control planes of a test's own for tests that restart or strip the API.
+//! A missing prerequisite fails loudly; nothing is skipped.
+#![allow(dead_code)]
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, ExitStatus, Stdio},
+    sync::{Mutex, OnceLock},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{
+    api::core::v1::{Namespace, ServiceAccount},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{conditions, wait::await_condition},
+};
+
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn kharness_bin() -> PathBuf {
+    let p = repo_root().join("e2e/bin/kharness");
+    assert!(
+        p.exists(),
+        "{} is missing: run `make cluster` (needs Go) before the e2e tests",
+        p.display()
+    );
+    p
+}
+
+pub fn kubectl_bin() -> PathBuf {
+    let p = repo_root().join("e2e/bin/kubectl");
+    assert!(p.exists(), "{} is missing: run `make cluster`", p.display());
+    p
+}
+
+/// A running `kharness serve`. Dropping it (or the test process dying, which closes the stdin
+/// pipe) stops the control plane.
+pub struct Harness {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    child: Option<Child>,
+    stdin: Option<ChildStdin>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Harness {
+    /// Starts a control plane (always with kube-controller-manager) in `dir`. With `keep`, the
+    /// directory survives for a restart on the same data and ports.
+    pub fn start_in(dir: &Path, rm_dir: bool) -> Harness {
+        std::fs::create_dir_all(dir.parent().unwrap_or(dir)).unwrap();
+        let log_path = dir.with_extension("log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap();
+        let mut args = vec![
+            "serve".to_string(),
+            "--dir".into(),
+            dir.display().to_string(),
+            "--with-kcm".into(),
+            "--exit-on-stdin-eof".into(),
+        ];
+        if rm_dir {
+            args.push("--rm-dir".into());
+        }
+        let mut child = Command::new(kharness_bin())
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start kharness: {e}"));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let first = lines.next();
+            let _ = tx.send(first);
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(180)) {
+            Ok(Some(Ok(l))) => l,
+            other => {
+                let _ = child.kill();
+                let logs = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: String = logs
+                    .lines()
+                    .rev()
+                    .take(40)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                panic!(
+                    "kharness did not print READY ({other:?}); last log lines from {}:\n{tail}",
+                    log_path.display()
+                );
+            }
+        };
+        let kubeconfig = PathBuf::from(
+            line.strip_prefix("READY ")
+                .unwrap_or_else(|| panic!("unexpected kharness output: {line}")),
+        );
+        let stdin = child.stdin.take();
+        Harness {
+            dir: dir.to_path_buf(),
+            kubeconfig,
+            child: Some(child),
+            stdin,
+            _tmp: None,
+        }
+    }
+
+    /// A control plane of the test's own, in a temporary directory.
+    pub fn start_own() -> Harness {
+        let tmp = tempfile::Builder::new()
+            .prefix("ucm-e2e-own-")
+            .tempdir()
+            .unwrap();
+        let mut h = Harness::start_in(&tmp.path().join("cluster"), false);
+        h._tmp = Some(tmp);
+        h
+    }
+
+    pub fn user_kubeconfig(&self) -> PathBuf {
+        self.kubeconfig.with_file_name("kubeconfig-user")
+    }
+
+    /// SIGTERM and wait: every child stops, ports are freed.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        signal(child.id(), "TERM");
+        let status = wait_timeout(&mut child, Duration::from_secs(60));
+        self.stdin.take();
+        status
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The shared control plane of this test binary: `UCM_E2E_KUBECONFIG`, else one started here and
+/// kept alive (stdin pipe) until the process exits.
+pub fn shared_kubeconfig() -> PathBuf {
+    static SHARED: OnceLock<PathBuf> = OnceLock::new();
+    static KEEP: Mutex<Option<Harness>> = Mutex::new(None);
+    SHARED
+        .get_or_init(|| {
+            if let Ok(kc) = std::env::var("UCM_E2E_KUBECONFIG") {
+                return PathBuf::from(kc);
+            }
+            let tmp = tempfile::Builder::new()
+                .prefix("ucm-e2e-")
+                .tempdir()
+                .unwrap()
+                .keep();
+            let h = Harness::start_in(&tmp.join("cluster"), true);
+            let kc = h.kubeconfig.clone();
+            *KEEP.lock().unwrap() = Some(h);
+            // Statics are never dropped: the harness ends when our stdin pipe closes at exit.
+            std::mem::forget(KEEP.lock().unwrap().take());
+            kc
+        })
+        .clone()
+}
+
+pub async fn client_for(kubeconfig: &Path) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig)
+        .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", kubeconfig.display()));
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(cfg).unwrap()
+}
+
+/// Installs every ucm CRD with SSA (field manager `ucm-e2e`) and waits until Established.
+pub async fn install_crds(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crds: Vec<_> = ucm::FEATURES.iter().flat_map(|f| (f.crds)()).collect();
+    for crd in &crds {
+        apply_crd(&api, crd).await;
+    }
+    for crd in &crds {
+        wait_established(&api, &crd.name_any()).await;
+    }
+}
+
+pub async fn apply_crd(api: &Api<CustomResourceDefinition>, crd: &CustomResourceDefinition) {
+    let mut body = serde_json::to_value(crd).unwrap();
+    body["apiVersion"] = "apiextensions.k8s.io/v1".into();
+    body["kind"] = "CustomResourceDefinition".into();
+    api.patch(
+        &crd.name_any(),
+        &PatchParams::apply("ucm-e2e").force(),
+        &Patch::Apply(body),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the API server refused CRD {}: {e}", crd.name_any()));
+}
+
+pub async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) {
+    tokio::time::timeout(
+        TIMEOUT,
+        await_condition(api.clone(), name, conditions::is_crd_established()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("CRD {name} not Established within {TIMEOUT:?}"))
+    .unwrap();
+}
+
+/// The shared cluster with ucm's CRDs installed, plus a fresh namespace whose `default`
+/// ServiceAccount exists. The namespace is deleted (best effort) when the guard drops.
+pub struct TestEnv {
+    pub client: Client,
+    pub kubeconfig: PathBuf,
+    pub ns: String,
+}
+
+impl TestEnv {
+    pub async fn new(test: &str) -> TestEnv {
+        let kubeconfig = tokio::task::spawn_blocking(shared_kubeconfig)
+            .await
+            .unwrap();
+        let client = client_for(&kubeconfig).await;
+        static CRDS: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        // Each test has its own tokio runtime; the install is idempotent, so a second install
+        // in another runtime is harmless, but one per process is enough.
+        CRDS.get_or_init(|| async { install_crds(&client).await })
+            .await;
+        let ns = create_namespace(&client, test).await;
+        TestEnv {
+            client,
+            kubeconfig,
+            ns,
+        }
+    }
+
+    pub fn user_kubeconfig(&self) -> PathBuf {
+        self.kubeconfig.with_file_name("kubeconfig-user")
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        let ns = self.ns.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = Api::<Namespace>::all(client)
+                    .delete(&ns, &DeleteParams::default())
+                    .await;
+            });
+        }
+    }
+}
+
+pub fn unique(prefix: &str) -> String {
+    let short: String = prefix
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(30)
+        .collect::<String>()
+        .to_lowercase();
+    format!("{short}-{:06x}", rand::random::<u32>() & 0xffffff)
+}
+
+pub async fn create_namespace(client: &Client, test: &str) -> String {
+    let name = unique(&format!("ucm-e2e-{test}"));
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+    eventually(
+        TIMEOUT,
+        "the namespace's default ServiceAccount",
+        || async { sas.get_opt("default").await.ok().flatten().is_some() },
+    )
+    .await;
+    name
+}
+
+/// Polls `check` until true; panics naming `what` after `timeout`. Assertions only: never a
+/// substitute for synchronisation inside the product.
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            return child.wait().ok();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `ucm manager` as a real subprocess. Dropping it sends SIGTERM and waits.
+pub struct Manager {
+    child: Option<Child>,
+    pub metrics_port: u16,
+    pub health_port: u16,
+    pub log_path: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+pub struct ManagerOpts<'a> {
+    pub kubeconfig: &'a Path,
+    /// The manager's namespace (and, unless `watch_all`, the only watched one).
+    pub namespace: &'a str,
+    pub watch_all: bool,
+    /// `--leader-elect --leader-election-id <id>` when set.
+    pub lease: Option<&'a str>,
+    pub extra: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+impl<'a> ManagerOpts<'a> {
+    pub fn new(kubeconfig: &'a Path, namespace: &'a str) -> Self {
+        ManagerOpts {
+            kubeconfig,
+            namespace,
+            watch_all: false,
+            lease: None,
+            extra: vec![],
+            env: vec![],
+        }
+    }
+
+    pub fn lease(mut self, id: &'a str) -> Self {
+        self.lease = Some(id);
+        self
+    }
+
+    pub fn args<I: IntoIterator<Item = S>, S: Into<String>>(mut self, args: I) -> Self {
+        self.extra.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Only `feature` enabled, every other feature off (through the registry).
+    pub fn only(self, feature: &str) -> Self {
+        let flags: Vec<String> = ucm::FEATURES
+            .iter()
+            .map(|f| format!("--enable-{}={}", f.name, f.name == feature))
+            .collect();
+        self.args(flags)
+    }
+}
+
+impl Manager {
+    pub fn start(opts: ManagerOpts<'_>) -> Manager {
+        let tmp = tempfile::Builder::new()
+            .prefix("ucm-manager-")
+            .tempdir()
+            .unwrap();
+        let log_path = tmp.path().join("manager.log");
+        let metrics_port = free_port();
+        let health_port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ucm"));
+        cmd.arg("manager")
+            .arg(format!("--kubeconfig={}", opts.kubeconfig.display()))
+            .arg(format!("--namespace={}", opts.namespace))
+            .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
+            .arg(format!(
+                "--health-probe-bind-address=127.0.0.1:{health_port}"
+            ))
+            .arg("--log-level=info,ucm=debug")
+            .env_remove("RUST_LOG")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("WATCH_NAMESPACE");
+        if !opts.watch_all {
+            cmd.arg(format!("--watch-namespace={}", opts.namespace));
+        }
+        if let Some(id) = opts.lease {
+            cmd.arg("--leader-elect")
+                .arg(format!("--leader-election-id={id}"));
+        }
+        cmd.args(&opts.extra);
+        for (k, v) in &opts.env {
+            cmd.env(k, v);
+        }
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start ucm manager");
+        Manager {
+            child: Some(child),
+            metrics_port,
+            health_port,
+            log_path,
+            _tmp: tmp,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    pub async fn get(&self, port: u16, path: &str) -> Option<(u16, String)> {
+        http_get(port, path).await
+    }
+
+    pub async fn readyz(&self) -> Option<(u16, String)> {
+        http_get(self.health_port, "/readyz?verbose").await
+    }
+
+    pub async fn metrics(&self) -> String {
+        http_get(self.metrics_port, "/metrics")
+            .await
+            .map(|r| r.1)
+            .unwrap_or_default()
+    }
+
+    pub async fn wait_ready(&self) {
+        let start = Instant::now();
+        loop {
+            if let Some((200, _)) = self.readyz().await {
+                return;
+            }
+            if start.elapsed() > TIMEOUT {
+                panic!(
+                    "manager not ready within {TIMEOUT:?}: {:?}\nlogs:\n{}",
+                    self.readyz().await,
+                    self.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn signal(&self, sig: &str) {
+        signal(self.pid(), sig);
+    }
+
+    /// Waits for exit (after a signal) and returns the exit status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        wait_timeout(&mut child, timeout).expect("exit status")
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(child.id(), "TERM");
+            wait_timeout(&mut child, Duration::from_secs(40));
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "---- manager log ({}) ----\n{}",
+                self.log_path.display(),
+                self.logs()
+            );
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET over loopback (the admin endpoints are plain HTTP).
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    Some((code, dechunk(&body)))
+}
+
+fn dechunk(body: &str) -> String {
+    // axum answers small bodies with Content-Length; chunked bodies are rare here but handled.
+    let mut out = String::new();
+    let mut rest = body;
+    loop {
+        let Some((size_line, after)) = rest.split_once("\r\n") else {
+            return body.to_string();
+        };
+        let Ok(size) = usize::from_str_radix(size_line.trim(), 16) else {
+            return body.to_string();
+        };
+        if size == 0 {
+            return out;
+        }
+        if after.len() < size {
+            return body.to_string();
+        }
+        out.push_str(&after[..size]);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+}
+
+/// Runs the e2e kubectl against a kubeconfig; returns (success, stdout+stderr).
+pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    let mut child = Command::new(kubectl_bin())
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let mut text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut err = String::new();
+    let _ = (&out.stderr[..]).read_to_string(&mut err);
+    text.push_str(&err);
+    (out.status.success(), text)
+}

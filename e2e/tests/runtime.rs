@@ -1,0 +1,265 @@
+//! The shared manager runtime as a real process: leader election with a warm standby, hand-over
+//! on SIGTERM, readiness, metrics, missing CRDs, and flag errors.
+
+mod common;
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use common::*;
+use k8s_openapi::{
+    api::coordination::v1::Lease,
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{Api, ResourceExt};
+
+fn feature() -> &'static ucm::runtime::Feature {
+    ucm::FEATURES
+        .first()
+        .expect("at least one feature is registered")
+}
+
+async fn holder(leases: &Api<Lease>, id: &str) -> Option<String> {
+    leases
+        .get_opt(id)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+fn is_leader(metrics: &str, id: &str) -> bool {
+    metrics.contains(&format!("leader_election_master_status{{name=\"{id}\"}} 1"))
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn two_replicas_elect_one_leader_and_hand_over_on_sigterm() {
+    let env = TestEnv::new("leader").await;
+    let id = unique("ucm-leader");
+    let a = Manager::start(
+        ManagerOpts::new(&env.kubeconfig, &env.ns)
+            .lease(&id)
+            .only(feature().name),
+    );
+    let b = Manager::start(
+        ManagerOpts::new(&env.kubeconfig, &env.ns)
+            .lease(&id)
+            .only(feature().name),
+    );
+    // Readiness never depends on leadership: both replicas are ready.
+    a.wait_ready().await;
+    b.wait_ready().await;
+
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    eventually(TIMEOUT, "one replica to hold the Lease", || async {
+        holder(&leases, &id).await.is_some()
+    })
+    .await;
+    eventually(
+        TIMEOUT,
+        "exactly one replica to report leadership",
+        || async { is_leader(&a.metrics().await, &id) != is_leader(&b.metrics().await, &id) },
+    )
+    .await;
+    let a_leads = is_leader(&a.metrics().await, &id);
+    let first = holder(&leases, &id).await.unwrap();
+    let (mut leader, standby) = if a_leads { (a, b) } else { (b, a) };
+    assert!(
+        leader.logs().contains(&first),
+        "the Lease holder {first} is the leader's identity"
+    );
+
+    let t0 = Instant::now();
+    leader.signal("TERM");
+    eventually(
+        Duration::from_secs(15),
+        "the standby to take the Lease",
+        || async { holder(&leases, &id).await.is_some_and(|h| h != first) },
+    )
+    .await;
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "hand-over took {took:?}, should be well inside one lease duration (15s)"
+    );
+    let status = leader.wait_exit(Duration::from_secs(40));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "graceful shutdown exits 0; logs:\n{}",
+        leader.logs()
+    );
+    let second = holder(&leases, &id).await.unwrap();
+    assert!(standby.logs().contains(&second));
+    eventually(TIMEOUT, "the new leader's gauge", || async {
+        is_leader(&standby.metrics().await, &id)
+    })
+    .await;
+    let lease = leases.get(&id).await.unwrap();
+    assert!(lease.spec.unwrap().lease_transitions.unwrap_or(0) >= 1);
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn metrics_and_probes_are_served() {
+    let env = TestEnv::new("metrics").await;
+    let m = Manager::start(ManagerOpts::new(&env.kubeconfig, &env.ns).only(feature().name));
+    m.wait_ready().await;
+    let (code, body) = m.get(m.health_port, "/healthz").await.unwrap();
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    let (code, body) = m.readyz().await.unwrap();
+    assert_eq!(code, 200);
+    for check in [
+        "[+]ping ok",
+        "[+]shutdown ok",
+        "[+]informers-synced ok",
+        &format!("[+]feature-{} ok", feature().name),
+    ] {
+        assert!(body.contains(check), "missing {check} in {body}");
+    }
+    let text = m.metrics().await;
+    for family in [
+        "controller_runtime_reconcile_total",
+        "controller_runtime_reconcile_errors_total",
+        "controller_runtime_reconcile_time_seconds_bucket",
+        "controller_runtime_active_workers",
+        "controller_runtime_max_concurrent_reconciles",
+        "leader_election_master_status{name=\"ucm-controller-manager\"} 1",
+        "ucm_build_info",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+    ] {
+        assert!(text.contains(family), "missing {family} in /metrics");
+    }
+    // No per-object label values: only the fixed label names appear.
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        assert!(
+            !line.contains(&env.ns),
+            "namespace leaked into a metric label: {line}"
+        );
+    }
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn missing_crd_fails_readiness_naming_it_and_the_feature_starts_once_applied() {
+    // A control plane of its own: the shared one has every CRD installed.
+    let own = tokio::task::spawn_blocking(Harness::start_own)
+        .await
+        .unwrap();
+    let client = client_for(&own.kubeconfig).await;
+    let ns = create_namespace(&client, "nocrd").await;
+    let f = feature();
+    let crd = (f.crds)()
+        .into_iter()
+        .next()
+        .expect("the feature owns a CRD");
+    let m = Manager::start(ManagerOpts::new(&own.kubeconfig, &ns).only(f.name));
+
+    eventually(TIMEOUT, "/readyz to answer 503 naming the CRD", || async {
+        matches!(m.readyz().await, Some((503, body)) if body.contains(&format!("[-]feature-{}", f.name)) && body.contains(&crd.name_any()))
+    })
+    .await;
+    let (code, _) = m
+        .get(m.health_port, &format!("/readyz/feature-{}", f.name))
+        .await
+        .unwrap();
+    assert_eq!(code, 503);
+    assert_eq!(
+        m.get(m.health_port, "/healthz").await.unwrap().0,
+        200,
+        "liveness is unaffected"
+    );
+    assert!(
+        m.logs().contains(&crd.name_any()),
+        "one clear error naming the CRD is logged"
+    );
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in (f.crds)() {
+        apply_crd(&crds, &crd).await;
+    }
+    m.wait_ready().await;
+    let (code, _) = m
+        .get(m.health_port, &format!("/readyz/feature-{}", f.name))
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+}
+
+#[test]
+fn bad_flag_values_fail_at_start_with_one_line_naming_the_flag() {
+    for (arg, flag) in [
+        (
+            "--leader-elect-lease-duration=abc",
+            "--leader-elect-lease-duration",
+        ),
+        ("--metrics-bind-address=nowhere", "--metrics-bind-address"),
+        ("--leader-elect=maybe", "--leader-elect"),
+        (
+            "--max-concurrent-reconciles=0",
+            "--max-concurrent-reconciles",
+        ),
+        (
+            "--leader-elect-renew-deadline=20s",
+            "--leader-elect-renew-deadline",
+        ),
+        ("--log-format=xml", "--log-format"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
+            .args(["manager", arg])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{arg}: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{arg}: one line expected, got {err}"
+        );
+        assert!(
+            err.contains(flag),
+            "{arg}: the error must name {flag}: {err}"
+        );
+    }
+}
+
+#[test]
+fn bare_ucm_prints_help_and_exits_2() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ucm")).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Usage: ucm <COMMAND>") && text.contains("manager") && text.contains("crds")
+    );
+}
+
+#[test]
+fn every_feature_has_an_enable_flag_with_env() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
+        .args(["manager", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for f in ucm::FEATURES {
+        assert!(help.contains(&format!("--enable-{}", f.name)), "{help}");
+        assert!(
+            help.contains(&format!("UCM_ENABLE_{}", f.name.to_uppercase())),
+            "{help}"
+        );
+    }
+    // Disabling every feature is refused at start.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ucm"));
+    cmd.arg("manager");
+    for f in ucm::FEATURES {
+        cmd.env(format!("UCM_ENABLE_{}", f.name.to_uppercase()), "false");
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no feature enabled"));
+}

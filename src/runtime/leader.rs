@@ -1,0 +1,605 @@
+//! One leader election for the whole process (coordination.k8s.io/v1 Lease), warm standby.
+//!
+//! Why our own loop and not kube-lease-manager 0.13: that crate takes durations in whole seconds,
+//! keeps reporting leadership while renewals fail (no renew deadline), and standbys poll instead of
+//! watching the Lease, so a released Lease is only taken over after a retry period. This loop is
+//! client-go's algorithm: a candidate takes the Lease when it is free or when its record has not
+//! changed for a lease duration *as observed locally* (no cross-node clock comparison); the holder
+//! renews every retry period with a resourceVersion precondition and gives up after the renew
+//! deadline without a successful renewal; standbys watch the Lease so a release is taken over at once.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::{
+    api::{
+        coordination::v1::{Lease, LeaseSpec},
+        core::v1::Pod,
+    },
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+};
+use kube::{
+    Api, Client,
+    api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::metrics::Metrics;
+
+/// The Pod label a leader carries so leader-only Services route to it.
+pub const LEADER_LABEL: &str = "ucm.io/leader";
+const FIELD_MANAGER: &str = "ucm-leader-election";
+
+/// Shared view of "are we the leader", cheap to clone into every controller and server.
+#[derive(Clone)]
+pub struct Leadership {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    elected: bool,
+    state: watch::Sender<bool>,
+    /// Counts acquisitions, so a quick loss and re-acquisition still re-enqueues everything.
+    acquired: watch::Sender<u64>,
+    renewed_at: Mutex<Option<Instant>>,
+    renew_deadline: Duration,
+}
+
+impl Leadership {
+    /// Without `--leader-elect` the process leads from the start.
+    pub fn always() -> Self {
+        let (state, _) = watch::channel(true);
+        let (acquired, _) = watch::channel(1);
+        Leadership {
+            inner: Arc::new(Inner {
+                elected: false,
+                state,
+                acquired,
+                renewed_at: Mutex::new(None),
+                renew_deadline: Duration::MAX,
+            }),
+        }
+    }
+
+    fn elected(renew_deadline: Duration) -> Self {
+        let (state, _) = watch::channel(false);
+        let (acquired, _) = watch::channel(0);
+        Leadership {
+            inner: Arc::new(Inner {
+                elected: true,
+                state,
+                acquired,
+                renewed_at: Mutex::new(None),
+                renew_deadline,
+            }),
+        }
+    }
+
+    /// True while we hold the Lease with margin: the last successful renewal is younger than the
+    /// renew deadline. Every write checks this, so a leader cut off from the API server stops
+    /// writing even before its loop notices.
+    pub fn is_leader(&self) -> bool {
+        if !self.inner.elected {
+            return true;
+        }
+        if !*self.inner.state.borrow() {
+            return false;
+        }
+        let renewed_at = *self.inner.renewed_at.lock().expect("lock");
+        renewed_at.is_some_and(|t| t.elapsed() < self.inner.renew_deadline)
+    }
+
+    /// Leadership changes; the current value is `true` while leading.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.inner.state.subscribe()
+    }
+
+    /// Yields once at every acquisition (and once at start when already leading): wired into
+    /// `Controller::reconcile_all_on`, so a new leader reconciles everything from warm caches.
+    pub fn acquisitions(&self) -> impl Stream<Item = ()> + Send + 'static {
+        let rx = self.inner.acquired.subscribe();
+        futures::stream::unfold((rx, 0u64), |(mut rx, seen)| async move {
+            loop {
+                let count = *rx.borrow_and_update();
+                if count > seen {
+                    return Some(((), (rx, count)));
+                }
+                rx.changed().await.ok()?;
+            }
+        })
+    }
+
+    fn set(&self, leading: bool) {
+        if leading {
+            *self.inner.renewed_at.lock().expect("lock") = Some(Instant::now());
+        }
+        let rose = self
+            .inner
+            .state
+            .send_if_modified(|s| std::mem::replace(s, leading) != leading)
+            && leading;
+        if rose {
+            self.inner.acquired.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn renewed(&self) {
+        *self.inner.renewed_at.lock().expect("lock") = Some(Instant::now());
+    }
+
+    fn last_renewal(&self) -> Option<Instant> {
+        *self.inner.renewed_at.lock().expect("lock")
+    }
+}
+
+/// What a candidate should do with the Lease as it last saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Nobody holds it, or the holder stopped renewing: take it.
+    Acquire,
+    /// We hold it: renew.
+    Renew,
+    /// Someone else holds it; look again after at most this long.
+    Wait(Duration),
+}
+
+/// The part of a Lease record whose change proves the holder is alive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub holder: Option<String>,
+    pub renew_time: Option<String>,
+    pub lease_duration: Duration,
+}
+
+impl Record {
+    fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.as_ref();
+        Record {
+            holder: spec
+                .and_then(|s| s.holder_identity.clone())
+                .filter(|h| !h.is_empty()),
+            renew_time: spec
+                .and_then(|s| s.renew_time.as_ref())
+                .map(|t| t.0.to_string()),
+            lease_duration: Duration::from_secs(
+                spec.and_then(|s| s.lease_duration_seconds)
+                    .unwrap_or(15)
+                    .max(1) as u64,
+            ),
+        }
+    }
+}
+
+/// Pure decision (client-go `tryAcquireOrRenew`): `observed_at` is when this process last saw
+/// the record change, so expiry never compares clocks of two machines.
+pub fn evaluate(record: &Record, observed_at: Instant, identity: &str, now: Instant) -> Decision {
+    match record.holder.as_deref() {
+        None => Decision::Acquire,
+        Some(h) if h == identity => Decision::Renew,
+        Some(_) => {
+            let expires = observed_at + record.lease_duration;
+            if now >= expires {
+                Decision::Acquire
+            } else {
+                Decision::Wait(expires - now)
+            }
+        }
+    }
+}
+
+pub struct ElectionConfig {
+    pub namespace: String,
+    pub name: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+    /// `POD_NAME`: when set, the leader labels its own Pod.
+    pub pod_name: Option<String>,
+    /// The namespace of the manager's Pod.
+    pub pod_namespace: String,
+}
+
+/// A running election; `release` ends it and gives the Lease up.
+pub struct Election {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Election {
+    /// Starts campaigning. The returned [`Leadership`] turns true once the Lease is ours.
+    pub fn start(
+        client: Client,
+        cfg: ElectionConfig,
+        metrics: Arc<Metrics>,
+    ) -> (Leadership, Election) {
+        let leadership = Leadership::elected(cfg.renew_deadline);
+        let stop = CancellationToken::new();
+        let elector = Elector {
+            leases: Api::namespaced(client.clone(), &cfg.namespace),
+            pods: Api::namespaced(client, &cfg.pod_namespace),
+            leadership: leadership.clone(),
+            metrics,
+            cfg,
+        };
+        let task = tokio::spawn(elector.run(stop.clone()));
+        (leadership, Election { stop, task })
+    }
+
+    /// Stops campaigning; if leading, removes the Pod label and releases the Lease so a standby
+    /// takes over without waiting a lease duration. Call only after controllers have drained.
+    pub async fn release(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+struct Elector {
+    leases: Api<Lease>,
+    pods: Api<Pod>,
+    leadership: Leadership,
+    metrics: Arc<Metrics>,
+    cfg: ElectionConfig,
+}
+
+impl Elector {
+    async fn run(self, stop: CancellationToken) {
+        let gauge = self
+            .metrics
+            .leader_election_master_status
+            .with_label_values(&[&self.cfg.name]);
+        gauge.set(0);
+        info!(lease = %format!("{}/{}", self.cfg.namespace, self.cfg.name), identity = %self.cfg.identity, "campaigning for leadership");
+
+        // Standbys react to a released or changed Lease at once instead of after a retry period.
+        let changed = Arc::new(Notify::new());
+        let watch_task = {
+            let changed = changed.clone();
+            let stream = watcher(
+                self.leases.clone(),
+                watcher::Config::default().fields(&format!("metadata.name={}", self.cfg.name)),
+            )
+            .default_backoff();
+            tokio::spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while stream.next().await.is_some() {
+                    changed.notify_one();
+                }
+            })
+        };
+
+        let mut observed: Option<(Record, Instant)> = None;
+        loop {
+            let wait = self.step(&mut observed).await;
+            if self.leadership.is_leader() {
+                gauge.set(1);
+            } else {
+                gauge.set(0);
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(wait) => {}
+                _ = changed.notified() => {}
+            }
+        }
+        watch_task.abort();
+        if *self.leadership.inner.state.borrow() {
+            self.set_pod_label(false).await;
+            self.release().await;
+        }
+        self.leadership.set(false);
+        gauge.set(0);
+    }
+
+    /// One round of try-acquire-or-renew; returns how long to wait before the next.
+    async fn step(&self, observed: &mut Option<(Record, Instant)>) -> Duration {
+        let retry = self.cfg.retry_period;
+        let now = Instant::now();
+        let result = match self.leases.get_opt(&self.cfg.name).await {
+            Err(e) => Err(e),
+            Ok(None) => self.create().await.map(|_| true),
+            Ok(Some(lease)) => {
+                let record = Record::of(&lease);
+                let observed_at = match observed {
+                    Some((r, at)) if *r == record => *at,
+                    _ => now,
+                };
+                *observed = Some((record.clone(), observed_at));
+                match evaluate(&record, observed_at, &self.cfg.identity, now) {
+                    Decision::Wait(d) => {
+                        self.lose_if_leading(&format!(
+                            "the Lease is now held by {}",
+                            record.holder.as_deref().unwrap_or("nobody")
+                        ));
+                        return d.min(retry);
+                    }
+                    Decision::Renew => self.write(lease, false).await.map(|_| true),
+                    Decision::Acquire => self.write(lease, true).await.map(|_| true),
+                }
+            }
+        };
+        match result {
+            Ok(_) => {
+                let was = *self.leadership.inner.state.borrow();
+                if was {
+                    self.leadership.renewed();
+                } else {
+                    self.leadership.set(true);
+                    info!(identity = %self.cfg.identity, "acquired leadership");
+                    self.set_pod_label(true).await;
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                debug!("lease changed under us; re-reading");
+                self.check_deadline();
+                return Duration::from_millis(50);
+            }
+            Err(e) => {
+                warn!(error = %e, "leader election: could not read or write the Lease");
+                self.check_deadline();
+            }
+        }
+        retry
+    }
+
+    fn check_deadline(&self) {
+        if let Some(t) = self.leadership.last_renewal()
+            && *self.leadership.inner.state.borrow()
+            && t.elapsed() >= self.cfg.renew_deadline
+        {
+            self.lose_if_leading("no successful renewal within the renew deadline");
+        }
+    }
+
+    fn lose_if_leading(&self, why: &str) {
+        if *self.leadership.inner.state.borrow() {
+            error!(
+                reason = why,
+                "lost leadership; stopping all writes and campaigning again"
+            );
+            self.leadership.set(false);
+        }
+    }
+
+    fn spec(&self, acquire_time: Option<MicroTime>, transitions: i32) -> LeaseSpec {
+        let now = MicroTime(jiff::Timestamp::now());
+        LeaseSpec {
+            holder_identity: Some(self.cfg.identity.clone()),
+            lease_duration_seconds: Some(self.cfg.lease_duration.as_secs().max(1) as i32),
+            acquire_time: Some(acquire_time.unwrap_or_else(|| now.clone())),
+            renew_time: Some(now),
+            lease_transitions: Some(transitions),
+            ..Default::default()
+        }
+    }
+
+    async fn create(&self) -> kube::Result<Lease> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.cfg.name.clone()),
+                ..Default::default()
+            },
+            spec: Some(self.spec(None, 0)),
+        };
+        self.leases
+            .create(
+                &PostParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                },
+                &lease,
+            )
+            .await
+    }
+
+    /// Replace with the read resourceVersion: if anyone wrote in between, the API server answers
+    /// 409 and we decide again from the fresh record.
+    async fn write(&self, mut lease: Lease, acquire: bool) -> kube::Result<Lease> {
+        let old = lease.spec.take().unwrap_or_default();
+        let transitions = old.lease_transitions.unwrap_or(0);
+        // client-go counts a transition whenever the previous holder was not us (released too).
+        lease.spec = Some(if acquire {
+            self.spec(None, transitions + 1)
+        } else {
+            self.spec(old.acquire_time, transitions)
+        });
+        lease.metadata.managed_fields = None;
+        self.leases
+            .replace(
+                &self.cfg.name,
+                &PostParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                },
+                &lease,
+            )
+            .await
+    }
+
+    /// client-go `release`: empty holder and a one-second duration, so standbys take over at once.
+    async fn release(&self) {
+        let Ok(Some(mut lease)) = self.leases.get_opt(&self.cfg.name).await else {
+            return;
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(self.cfg.identity.as_str()) {
+            return;
+        }
+        let now = MicroTime(jiff::Timestamp::now());
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(now.clone());
+        spec.acquire_time = Some(now);
+        lease.metadata.managed_fields = None;
+        match self
+            .leases
+            .replace(&self.cfg.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => info!("released leadership"),
+            Err(e) => {
+                warn!(error = %e, "could not release the Lease; a standby takes over after it expires")
+            }
+        }
+    }
+
+    /// Labels our Pod as leader (and unlabels any former leader that lost without releasing), or
+    /// removes our label on release. Without POD_NAME (outside a cluster) there is no Pod.
+    async fn set_pod_label(&self, leading: bool) {
+        let Some(pod) = &self.cfg.pod_name else {
+            return;
+        };
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let patch = |v: serde_json::Value| {
+            Patch::Merge(serde_json::json!({"metadata": {"labels": {LEADER_LABEL: v}}}))
+        };
+        if leading
+            && let Ok(list) = self
+                .pods
+                .list(&ListParams::default().labels(&format!("{LEADER_LABEL}=true")))
+                .await
+        {
+            for other in list
+                .items
+                .iter()
+                .filter_map(|p| p.metadata.name.as_deref())
+                .filter(|n| *n != pod)
+            {
+                if let Err(e) = self
+                    .pods
+                    .patch(other, &pp, &patch(serde_json::Value::Null))
+                    .await
+                {
+                    warn!(pod = other, error = %e, "could not remove the leader label from a former leader");
+                }
+            }
+        }
+        let value = if leading {
+            serde_json::json!("true")
+        } else {
+            serde_json::Value::Null
+        };
+        if let Err(e) = self.pods.patch(pod, &pp, &patch(value)).await {
+            warn!(pod = %pod, error = %e, "could not update the leader label on our Pod");
+        }
+    }
+}
+
+/// controller-runtime's identity format: `<hostname>_<uuid-ish suffix>`.
+pub fn identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "ucm".into());
+    let suffix: u128 = rand::random();
+    let hex = format!("{suffix:032x}");
+    format!(
+        "{host}_{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(holder: Option<&str>) -> Record {
+        Record {
+            holder: holder.map(String::from),
+            renew_time: None,
+            lease_duration: Duration::from_secs(15),
+        }
+    }
+
+    #[test]
+    fn free_lease_is_acquired() {
+        let now = Instant::now();
+        assert_eq!(evaluate(&rec(None), now, "me", now), Decision::Acquire);
+    }
+
+    #[test]
+    fn own_lease_is_renewed() {
+        let now = Instant::now();
+        assert_eq!(evaluate(&rec(Some("me")), now, "me", now), Decision::Renew);
+    }
+
+    #[test]
+    fn foreign_lease_waits_until_expiry_as_observed_locally() {
+        let seen = Instant::now();
+        let d = evaluate(
+            &rec(Some("other")),
+            seen,
+            "me",
+            seen + Duration::from_secs(5),
+        );
+        assert_eq!(d, Decision::Wait(Duration::from_secs(10)));
+        assert_eq!(
+            evaluate(
+                &rec(Some("other")),
+                seen,
+                "me",
+                seen + Duration::from_secs(15)
+            ),
+            Decision::Acquire
+        );
+    }
+
+    #[test]
+    fn acquisitions_fire_on_each_rising_edge() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = Leadership::elected(Duration::from_secs(10));
+            let mut acq = Box::pin(l.acquisitions());
+            l.set(true);
+            assert!(l.is_leader());
+            acq.next().await.unwrap();
+            l.set(false);
+            assert!(!l.is_leader());
+            tokio::task::yield_now().await;
+            l.set(true);
+            tokio::time::timeout(Duration::from_secs(1), acq.next())
+                .await
+                .unwrap()
+                .unwrap();
+        });
+    }
+
+    #[test]
+    fn leadership_lapses_without_renewal() {
+        let l = Leadership::elected(Duration::from_millis(20));
+        l.set(true);
+        assert!(l.is_leader());
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(
+            !l.is_leader(),
+            "a leader that has not renewed within the deadline must not write"
+        );
+        assert!(Leadership::always().is_leader());
+    }
+
+    #[test]
+    fn identities_are_unique_and_shaped_like_controller_runtime() {
+        let a = identity();
+        let b = identity();
+        assert_ne!(a, b);
+        assert!(a.contains('_'));
+    }
+}

@@ -1,0 +1,222 @@
+//! `ucm manager`: wires the shared pieces together and runs the enabled features until shutdown.
+//!
+//! Order (runtime.md §10): signal → cancel the token (readiness fails) → controllers drain,
+//! bounded by `--graceful-shutdown-timeout` → leader label removed and Lease released → admin
+//! servers stop → exit 0 (1 if draining timed out or a task died).
+
+use std::{sync::Arc, time::Duration};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{
+    Api, Client, ResourceExt,
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{
+        conditions,
+        wait::{Condition, await_condition},
+    },
+};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::{
+    Runtime, RuntimeConfig,
+    cli::{ManagerArgs, format_go_duration, resolve_namespace},
+    feature::Feature,
+    health::Health,
+    http,
+    leader::{Election, ElectionConfig, Leadership, identity},
+    metrics::Metrics,
+    shutdown,
+};
+
+pub async fn client(kubeconfig: Option<&str>) -> anyhow::Result<Client> {
+    let config = match kubeconfig.filter(|p| !p.is_empty()) {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| anyhow::anyhow!("cannot read kubeconfig {path}: {e}"))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// Runs the manager; returns the process exit code.
+pub async fn run(
+    args: ManagerArgs,
+    matches: clap::ArgMatches,
+    features: Vec<&'static Feature>,
+) -> anyhow::Result<i32> {
+    let (namespace, fallback) = resolve_namespace(args.namespace.as_deref());
+    if fallback {
+        warn!("no --namespace, POD_NAMESPACE or service-account namespace file; using \"default\"");
+    }
+    let identity = identity();
+    let names: Vec<_> = features.iter().map(|f| f.name).collect();
+    info!(
+        kubeconfig = args.kubeconfig.as_deref().unwrap_or("<inferred>"),
+        namespace = %namespace,
+        watch_namespace = %args.watch_namespace,
+        features = ?names,
+        leader_elect = args.leader_elect,
+        lease_duration = %format_go_duration(args.leader_elect_lease_duration),
+        renew_deadline = %format_go_duration(args.leader_elect_renew_deadline),
+        retry_period = %format_go_duration(args.leader_elect_retry_period),
+        max_concurrent_reconciles = args.max_concurrent_reconciles,
+        identity = %identity,
+        "starting ucm manager"
+    );
+
+    let client = client(args.kubeconfig.as_deref()).await?;
+    let metrics = Arc::new(Metrics::new());
+    let health = Health::new();
+    let token = CancellationToken::new();
+    shutdown::install(token.clone());
+
+    // Admin servers outlive the controllers so probes and scrapes answer while draining.
+    let servers_stop = CancellationToken::new();
+    let mut servers = JoinSet::new();
+    if let Some(addr) = args.metrics_bind_address.addr() {
+        let l = http::bind(addr, "--metrics-bind-address").await?;
+        info!(address = %l.local_addr()?, "serving metrics");
+        servers.spawn(http::serve_metrics(
+            l,
+            metrics.clone(),
+            servers_stop.clone(),
+        ));
+    }
+    if let Some(addr) = args.health_probe_bind_address.addr() {
+        let l = http::bind(addr, "--health-probe-bind-address").await?;
+        info!(address = %l.local_addr()?, "serving health probes");
+        servers.spawn(http::serve_health(l, health.clone(), servers_stop.clone()));
+    }
+
+    let pod_name = std::env::var("POD_NAME").ok().filter(|s| !s.is_empty());
+    let (leadership, election) = if args.leader_elect {
+        let cfg = ElectionConfig {
+            namespace: args
+                .leader_election_namespace
+                .clone()
+                .unwrap_or_else(|| namespace.clone()),
+            name: args.leader_election_id.clone(),
+            identity: identity.clone(),
+            lease_duration: args.leader_elect_lease_duration,
+            renew_deadline: args.leader_elect_renew_deadline,
+            retry_period: args.leader_elect_retry_period,
+            pod_name: pod_name.clone(),
+            pod_namespace: namespace.clone(),
+        };
+        let (l, e) = Election::start(client.clone(), cfg, metrics.clone());
+        (l, Some(e))
+    } else {
+        metrics
+            .leader_election_master_status
+            .with_label_values(&[&args.leader_election_id])
+            .set(1);
+        (Leadership::always(), None)
+    };
+
+    let rt = Runtime::new(
+        client.clone(),
+        leadership,
+        metrics.clone(),
+        health.clone(),
+        token.clone(),
+        RuntimeConfig {
+            manager_namespace: namespace,
+            watch_namespace: Some(args.watch_namespace.clone()).filter(|s| !s.is_empty()),
+            max_concurrent_reconciles: args.max_concurrent_reconciles,
+            pod_name,
+            identity,
+        },
+    );
+    rt.health.set("informers-synced", Ok(()));
+
+    let mut tasks = JoinSet::new();
+    for f in &features {
+        tasks.spawn(run_feature(f, rt.clone(), matches.clone()));
+    }
+
+    // Wait for a signal, or for something to die.
+    let mut failed = false;
+    tokio::select! {
+        _ = token.cancelled() => {}
+        Some(res) = servers.join_next() => {
+            error!(result = ?res, "an admin server stopped unexpectedly; shutting down");
+            failed = true;
+        }
+        Some(res) = tasks.join_next() => {
+            if !token.is_cancelled() {
+                error!(result = ?res.map(|_| ()), "a feature stopped unexpectedly; shutting down");
+                failed = true;
+            }
+        }
+    }
+    token.cancel();
+    health.set("shutdown", Err("shutting down".into()));
+
+    let drained = tokio::time::timeout(args.graceful_shutdown_timeout, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await
+    .is_ok();
+    if !drained {
+        error!(timeout = %format_go_duration(args.graceful_shutdown_timeout), "in-flight reconciles did not finish in time");
+        tasks.abort_all();
+    }
+    if let Some(e) = election {
+        e.release().await;
+    }
+    servers_stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await;
+    info!("stopped");
+    Ok(if failed || !drained { 1 } else { 0 })
+}
+
+/// Waits for the feature's CRDs, then runs it. A missing CRD or invalid setting fails only this
+/// feature's readiness check; the feature starts by itself once its CRDs appear.
+async fn run_feature(f: &'static Feature, rt: Runtime, matches: clap::ArgMatches) {
+    let check = f.check_name();
+    let crds: Api<CustomResourceDefinition> = Api::all(rt.client.clone());
+    for crd in (f.crds)() {
+        let name = crd.name_any();
+        let missing =
+            format!("CustomResourceDefinition {name} is not installed or not Established");
+        rt.health.set(&check, Err(missing.clone()));
+        match crds.get_opt(&name).await {
+            Ok(Some(c)) if conditions::is_crd_established().matches_object(Some(&c)) => continue,
+            Ok(_) => {
+                error!(feature = f.name, crd = %name, "{missing}; the feature starts once it is applied (see `ucm crds`)")
+            }
+            Err(e) => {
+                error!(feature = f.name, crd = %name, error = %e, "cannot read CustomResourceDefinitions; waiting")
+            }
+        }
+        let waited = tokio::select! {
+            _ = rt.shutdown.cancelled() => return,
+            r = await_condition(crds.clone(), &name, conditions::is_crd_established()) => r,
+        };
+        if let Err(e) = waited {
+            error!(feature = f.name, crd = %name, error = %e, "stopped waiting for the CRD");
+            return;
+        }
+        info!(feature = f.name, crd = %name, "CRD established");
+    }
+    rt.health.set(&check, Ok(()));
+    info!(feature = f.name, "starting feature");
+    match (f.start)(rt.clone(), matches).await {
+        Err(msg) => {
+            error!(feature = f.name, "feature not started: {msg}");
+            rt.health.set(&check, Err(msg));
+            rt.shutdown.cancelled().await;
+        }
+        Ok(()) if !rt.shutdown.is_cancelled() => {
+            error!(feature = f.name, "feature stopped before shutdown")
+        }
+        Ok(()) => info!(feature = f.name, "feature drained"),
+    }
+}

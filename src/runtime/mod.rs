@@ -1,0 +1,145 @@
+//! The shared controller-manager runtime: flags, leader election, metrics, health, shutdown and
+//! the plumbing every feature's controllers run on.
+//!
+//! How a feature plugs in (see `crate::FEATURES`):
+//! 1. `src/<feature>/mod.rs` defines `pub static FEATURE: Feature` ([`feature::Feature`]).
+//! 2. Its `start(rt, matches)` parses its settings from `matches`, builds controllers with
+//!    [`Runtime::controller`] (primary kind, with DeserializeGuard, backoff, predicate,
+//!    concurrency, reconcile-all on leadership, graceful shutdown) and runs each with
+//!    [`controller::run`] (leadership check, metrics, error policy, logging).
+//! 3. Every write goes through a [`writer::Writer`] from [`Runtime::writer`]: it refuses writes
+//!    unless this replica leads.
+//! 4. Leader-only servers follow [`leader::Leadership::subscribe`].
+
+pub mod cli;
+pub mod controller;
+pub mod feature;
+pub mod health;
+pub mod http;
+pub mod leader;
+pub mod logging;
+pub mod manager;
+pub mod metrics;
+pub mod shutdown;
+pub mod writer;
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, Mutex},
+};
+
+use kube::{Api, Client, Resource, core::NamespaceResourceScope};
+use tokio_util::sync::CancellationToken;
+
+pub use controller::{ReconcileError, Trigger};
+pub use feature::{Agent, Feature};
+pub use leader::Leadership;
+pub use writer::{WriteError, Writer};
+
+/// Settings every feature may read.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// The manager's own namespace: generated Secrets, the leader Lease.
+    pub manager_namespace: String,
+    /// `--watch-namespace`; `None` watches all namespaces.
+    pub watch_namespace: Option<String>,
+    pub max_concurrent_reconciles: u16,
+    /// `POD_NAME` when running in a Pod (event reporting instance, leader label).
+    pub pod_name: Option<String>,
+    /// This replica's leader-election identity.
+    pub identity: String,
+}
+
+/// The handle a feature gets: one client, leadership, registry, health and shutdown token.
+#[derive(Clone)]
+pub struct Runtime {
+    pub client: Client,
+    pub leadership: Leadership,
+    pub metrics: Arc<metrics::Metrics>,
+    pub health: health::Health,
+    pub shutdown: CancellationToken,
+    pub config: Arc<RuntimeConfig>,
+    unsynced: Arc<Mutex<BTreeSet<&'static str>>>,
+}
+
+impl Runtime {
+    pub fn new(
+        client: Client,
+        leadership: Leadership,
+        metrics: Arc<metrics::Metrics>,
+        health: health::Health,
+        shutdown: CancellationToken,
+        config: RuntimeConfig,
+    ) -> Self {
+        Runtime {
+            client,
+            leadership,
+            metrics,
+            health,
+            shutdown,
+            config: Arc::new(config),
+            unsynced: Default::default(),
+        }
+    }
+
+    /// An Api over the watched namespaces: `--watch-namespace`, or all.
+    pub fn watched<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+    {
+        match &self.config.watch_namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    /// An Api in the manager's own namespace.
+    pub fn own_namespace<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.config.manager_namespace)
+    }
+
+    /// A leadership-gated writer with field manager `ucm-<controller>`.
+    pub fn writer(&self, controller: &str) -> Writer {
+        let instance = self
+            .config
+            .pod_name
+            .clone()
+            .or_else(|| Some(self.config.identity.clone()));
+        Writer::new(
+            self.client.clone(),
+            self.leadership.clone(),
+            controller,
+            instance,
+        )
+    }
+
+    /// Keeps `/readyz`'s `informers-synced` check failing until the returned callback is called
+    /// (by the watch stream, at the end of its initial list). Event-driven: kube's
+    /// `Store::wait_until_ready` wakes only its most recent waiter, which is the Controller.
+    pub fn track_synced(&self, name: &'static str) -> impl Fn() + Send + Sync + 'static {
+        self.unsynced.lock().expect("lock").insert(name);
+        self.publish_synced();
+        let rt = self.clone();
+        move || {
+            if rt.unsynced.lock().expect("lock").remove(name) {
+                rt.publish_synced();
+            }
+        }
+    }
+
+    fn publish_synced(&self) {
+        let unsynced = self.unsynced.lock().expect("lock");
+        let state = if unsynced.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "waiting for the initial list of: {}",
+                unsynced.iter().copied().collect::<Vec<_>>().join(", ")
+            ))
+        };
+        self.health.set("informers-synced", state);
+    }
+}

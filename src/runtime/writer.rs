@@ -1,0 +1,321 @@
+//! Every write a controller makes goes through a [`Writer`], which refuses it unless this process
+//! holds the leader Lease with margin. A reconciler therefore cannot forget the leadership check,
+//! and a standby never writes (runtime.md §4.4).
+
+use std::fmt::Debug;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    runtime::events::{Event, EventType, Recorder, Reporter},
+};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::json;
+use tracing::warn;
+
+use super::leader::Leadership;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("this replica is not the leader; the write was refused")]
+    NotLeader,
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+impl WriteError {
+    /// 409: the object changed since it was read (or a fenced patch's `test` failed with 422 on
+    /// JSON Patch); the caller reconciles again from fresh state.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, WriteError::Kube(kube::Error::Api(s)) if s.code == 409)
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, WriteError::Kube(kube::Error::Api(s)) if s.code == 404)
+    }
+
+    pub fn is_forbidden(&self) -> bool {
+        matches!(self, WriteError::Kube(kube::Error::Api(s)) if s.code == 403)
+    }
+
+    /// The API server's reason (CamelCase) or a fixed label, for metrics and conditions.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            WriteError::NotLeader => "not_leader",
+            WriteError::Kube(kube::Error::Api(s)) => match s.code {
+                403 => "forbidden",
+                404 => "not_found",
+                409 => "conflict",
+                422 => "invalid",
+                _ => "api",
+            },
+            WriteError::Kube(_) => "kube",
+        }
+    }
+}
+
+/// Leadership-gated writes under one field manager (`ucm-<controller>`), plus Events.
+#[derive(Clone)]
+pub struct Writer {
+    client: Client,
+    leadership: Leadership,
+    recorder: Recorder,
+    manager: String,
+}
+
+impl Writer {
+    pub fn new(
+        client: Client,
+        leadership: Leadership,
+        controller: &str,
+        instance: Option<String>,
+    ) -> Self {
+        let manager = format!("ucm-{controller}");
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: manager.clone(),
+                instance,
+            },
+        );
+        Writer {
+            client,
+            leadership,
+            recorder,
+            manager,
+        }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn field_manager(&self) -> &str {
+        &self.manager
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leadership.is_leader()
+    }
+
+    pub fn check(&self) -> Result<(), WriteError> {
+        if self.leadership.is_leader() {
+            Ok(())
+        } else {
+            Err(WriteError::NotLeader)
+        }
+    }
+
+    fn apply_params(&self) -> PatchParams {
+        PatchParams::apply(&self.manager).force()
+    }
+
+    /// Server-side apply of a whole child object (forced, our field manager).
+    pub async fn apply<K>(&self, api: &Api<K>, obj: &K) -> Result<K, WriteError>
+    where
+        K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
+    {
+        self.check()?;
+        let mut body = serde_json::to_value(obj).map_err(kube::Error::SerdeError)?;
+        body["apiVersion"] = json!(K::api_version(&()));
+        body["kind"] = json!(K::kind(&()));
+        Ok(api
+            .patch(&obj.name_any(), &self.apply_params(), &Patch::Apply(body))
+            .await?)
+    }
+
+    /// Server-side apply of `status` only: the body is apiVersion, kind and status.
+    pub async fn apply_status<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        status: &impl Serialize,
+    ) -> Result<K, WriteError>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
+    {
+        self.check()?;
+        let body =
+            json!({ "apiVersion": K::api_version(&()), "kind": K::kind(&()), "status": status });
+        Ok(api
+            .patch_status(name, &self.apply_params(), &Patch::Apply(body))
+            .await?)
+    }
+
+    /// JSON merge patch of `status`, fenced by `resourceVersion`: the API server answers 409 when
+    /// the object changed after we read it, so a stale decision is never written.
+    pub async fn merge_status_fenced<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        resource_version: &str,
+        status: &impl Serialize,
+    ) -> Result<K, WriteError>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
+    {
+        self.check()?;
+        let body = json!({ "metadata": { "resourceVersion": resource_version }, "status": status });
+        let pp = PatchParams {
+            field_manager: Some(self.manager.clone()),
+            ..Default::default()
+        };
+        Ok(api.patch_status(name, &pp, &Patch::Merge(body)).await?)
+    }
+
+    /// JSON Patch of the status subresource (use `test` operations to fence it).
+    pub async fn json_patch_status<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        patch: json_patch::Patch,
+    ) -> Result<K, WriteError>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
+    {
+        self.check()?;
+        let pp = PatchParams {
+            field_manager: Some(self.manager.clone()),
+            ..Default::default()
+        };
+        Ok(api
+            .patch_status(name, &pp, &Patch::<()>::Json(patch))
+            .await?)
+    }
+
+    /// Any other patch of the main resource (merge, JSON, strategic).
+    pub async fn patch<K, P>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        patch: &Patch<P>,
+    ) -> Result<K, WriteError>
+    where
+        K: Resource + DeserializeOwned + Clone + Debug,
+        P: Serialize + Debug,
+    {
+        self.check()?;
+        let pp = PatchParams {
+            field_manager: Some(self.manager.clone()),
+            ..Default::default()
+        };
+        Ok(api.patch(name, &pp, patch).await?)
+    }
+
+    pub async fn create<K>(&self, api: &Api<K>, obj: &K) -> Result<K, WriteError>
+    where
+        K: Resource + Serialize + DeserializeOwned + Clone + Debug,
+    {
+        self.check()?;
+        let pp = PostParams {
+            field_manager: Some(self.manager.clone()),
+            ..Default::default()
+        };
+        Ok(api.create(&pp, obj).await?)
+    }
+
+    /// Deletes; an object that is already gone is not an error.
+    pub async fn delete<K>(&self, api: &Api<K>, name: &str) -> Result<(), WriteError>
+    where
+        K: Resource + DeserializeOwned + Clone + Debug,
+    {
+        self.check()?;
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Adds a finalizer with a JSON Patch fenced on resourceVersion (409 on a race).
+    pub async fn add_finalizer<K>(
+        &self,
+        api: &Api<K>,
+        obj: &K,
+        finalizer: &str,
+    ) -> Result<K, WriteError>
+    where
+        K: Resource + DeserializeOwned + Clone + Debug,
+    {
+        self.check()?;
+        let patch = if obj.meta().finalizers.is_none() {
+            json!([
+                { "op": "test", "path": "/metadata/resourceVersion", "value": obj.resource_version() },
+                { "op": "add", "path": "/metadata/finalizers", "value": [finalizer] }
+            ])
+        } else {
+            json!([
+                { "op": "test", "path": "/metadata/resourceVersion", "value": obj.resource_version() },
+                { "op": "add", "path": "/metadata/finalizers/-", "value": finalizer }
+            ])
+        };
+        let patch: json_patch::Patch =
+            serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+        self.patch(api, &obj.name_any(), &Patch::<()>::Json(patch))
+            .await
+    }
+
+    /// Removes one finalizer, fenced by a `test` on its position so a concurrent change wins.
+    pub async fn remove_finalizer<K>(
+        &self,
+        api: &Api<K>,
+        obj: &K,
+        finalizer: &str,
+    ) -> Result<Option<K>, WriteError>
+    where
+        K: Resource + DeserializeOwned + Clone + Debug,
+    {
+        let Some(idx) = obj.finalizers().iter().position(|f| f == finalizer) else {
+            return Ok(None);
+        };
+        self.check()?;
+        let patch = json!([
+            { "op": "test", "path": format!("/metadata/finalizers/{idx}"), "value": finalizer },
+            { "op": "remove", "path": format!("/metadata/finalizers/{idx}") }
+        ]);
+        let patch: json_patch::Patch =
+            serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+        match self
+            .patch(api, &obj.name_any(), &Patch::<()>::Json(patch))
+            .await
+        {
+            Ok(o) => Ok(Some(o)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Publishes an Event on `regarding` (leader only). Failures are logged, never returned: an
+    /// Event is a courtesy and must not fail a reconcile.
+    pub async fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: impl Into<String>,
+    ) {
+        if !self.leadership.is_leader() {
+            return;
+        }
+        let mut note: String = note.into();
+        if note.len() > 1000 {
+            let mut cut = 1000;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+        }
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, regarding).await {
+            warn!(reason, error = %e, "could not publish event");
+        }
+    }
+}

@@ -1,0 +1,817 @@
+//! IO side of the VirtualMachineExport reconciler (vmexport.md §6): read the source and the
+//! children, create what is missing, write the status once at the end of every pass (also when
+//! a create failed, #19020), and requeue exactly at the TTL expiry.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::api::{DeleteParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Resource, ResourceExt};
+use prometheus::{IntCounter, IntGaugeVec, Opts};
+
+use super::build::*;
+use super::certs::{self, Pem};
+use super::naming;
+use super::types::{VirtualMachineExport, VirtualMachineExportStatus};
+use crate::runtime::controller::{self as rtc, Guarded};
+use crate::runtime::{ReconcileError, Runtime, Trigger, WriteError, Writer};
+
+pub const CONTROLLER: &str = "vmexport";
+/// OURS: the error backoff cap is lower than the runtime default (§6.1).
+const BACKOFF_CAP: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Write(#[from] WriteError),
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("export CA: {0}")]
+    Ca(String),
+}
+
+impl ReconcileError for Error {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Write(e) => e.metric_label(),
+            Error::Kube(_) => "kube",
+            Error::Ca(_) => "ca",
+        }
+    }
+    fn is_conflict(&self) -> bool {
+        match self {
+            Error::Write(e) => e.is_conflict(),
+            Error::Kube(kube::Error::Api(s)) => s.code == 409,
+            _ => false,
+        }
+    }
+}
+
+/// Settings resolved at start (§5).
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub pod: PodSettings,
+    pub ca_secret: String,
+    pub manager_namespace: String,
+    pub external_host: Option<String>,
+    pub external_ca: String,
+}
+
+pub struct Context {
+    pub writer: Writer,
+    pub cfg: Config,
+    pub pods: Store<Pod>,
+    pub pvcs: Store<PersistentVolumeClaim>,
+    ca: tokio::sync::Mutex<Option<Pem>>,
+    pub ttl_deletions: IntCounter,
+    failures: Mutex<BTreeMap<String, u32>>,
+}
+
+fn is_already_exists(e: &WriteError) -> bool {
+    matches!(e, WriteError::Kube(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists")
+}
+
+fn object_ref(e: &VirtualMachineExport) -> ObjectReference {
+    e.object_ref(&())
+}
+
+impl Context {
+    fn client(&self) -> kube::Client {
+        self.writer.client().clone()
+    }
+
+    /// The CA: read; on NotFound create; on AlreadyExists (another leader won) read again.
+    /// An existing CA is never overwritten (§7.4.1).
+    async fn ca(&self) -> Result<Pem, Error> {
+        let mut guard = self.ca.lock().await;
+        if let Some(p) = guard.as_ref() {
+            return Ok(p.clone());
+        }
+        let api: Api<Secret> = Api::namespaced(self.client(), &self.cfg.manager_namespace);
+        let read = |s: &Secret| -> Result<Pem, Error> {
+            let d = s.data.clone().unwrap_or_default();
+            let get = |k: &str| {
+                d.get(k)
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                    .ok_or_else(|| Error::Ca(format!("Secret {} has no {k}", self.cfg.ca_secret)))
+            };
+            Ok(Pem {
+                cert: get("tls.crt")?,
+                key: get("tls.key")?,
+            })
+        };
+        let pem = match api.get_opt(&self.cfg.ca_secret).await? {
+            Some(s) => read(&s)?,
+            None => {
+                let ca =
+                    certs::new_ca(jiff::Timestamp::now()).map_err(|e| Error::Ca(e.to_string()))?;
+                let secret = Secret {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(self.cfg.ca_secret.clone()),
+                        namespace: Some(self.cfg.manager_namespace.clone()),
+                        ..Default::default()
+                    },
+                    type_: Some("kubernetes.io/tls".into()),
+                    data: Some(BTreeMap::from([
+                        (
+                            "tls.crt".to_string(),
+                            k8s_openapi::ByteString(ca.cert.clone().into_bytes()),
+                        ),
+                        (
+                            "tls.key".to_string(),
+                            k8s_openapi::ByteString(ca.key.clone().into_bytes()),
+                        ),
+                    ])),
+                    ..Default::default()
+                };
+                match self.writer.create(&api, &secret).await {
+                    Ok(_) => ca,
+                    Err(e) if is_already_exists(&e) => read(&api.get(&self.cfg.ca_secret).await?)?,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
+        // Validate once so an unusable CA is reported, not used.
+        certs::issue_serving(
+            &pem,
+            "probe",
+            "probe",
+            jiff::Timestamp::now(),
+            Duration::from_secs(60),
+        )
+        .map_err(|e| {
+            Error::Ca(format!(
+                "Secret {} does not hold a usable CA: {e}",
+                self.cfg.ca_secret
+            ))
+        })?;
+        *guard = Some(pem.clone());
+        Ok(pem)
+    }
+}
+
+/// What the source resolution found (§9.2).
+struct Source {
+    volumes: Vec<ExportVolume>,
+    available: bool,
+    /// Ready condition while there is no pod.
+    ready: Condition,
+    phase_without_pod: &'static str,
+    extra: Option<Condition>,
+    pause_message: String,
+}
+
+use super::types::Condition;
+
+fn resolve_pvc(ctx: &Context, export: &VirtualMachineExport) -> Source {
+    let ns = export.namespace().unwrap_or_default();
+    let name = export.spec.source.name.clone();
+    let pvc = ctx.pvcs.get(&ObjectRef::new(&name).within(&ns));
+    let extra = Some(pvc_condition(&ns, &name, pvc.as_deref()));
+    let Some(pvc) = pvc else {
+        return Source {
+            volumes: vec![],
+            available: false,
+            ready: condition(COND_READY, false, REASON_INITIALIZING, ""),
+            phase_without_pod: PHASE_PENDING,
+            extra,
+            pause_message: format!("PersistentVolumeClaim {ns}/{name} not found"),
+        };
+    };
+    // The DataVolume API is not watched yet: a DV-owned claim counts as populated (§4).
+    let volumes = vec![ExportVolume::from_pvc(&pvc, None)];
+    let uid = export.uid().unwrap_or_default();
+    let pods = ctx.pods.state();
+    let in_use = pods
+        .iter()
+        .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
+        .map(|p| p.as_ref())
+        .collect::<Vec<_>>();
+    if pvc_in_use(in_use, &name, &uid).is_some() {
+        let msg = format!("PersistentVolumeClaim {ns}/{name} is in use");
+        return Source {
+            volumes,
+            available: false,
+            ready: condition(COND_READY, false, REASON_IN_USE, msg.clone()),
+            phase_without_pod: PHASE_PENDING,
+            extra,
+            pause_message: msg,
+        };
+    }
+    Source {
+        volumes,
+        available: true,
+        ready: condition(COND_READY, false, REASON_INITIALIZING, ""),
+        phase_without_pod: PHASE_PENDING,
+        extra,
+        pause_message: String::new(),
+    }
+}
+
+fn unavailable(phase: &'static str, reason: &str, msg: String) -> Source {
+    Source {
+        volumes: vec![],
+        available: false,
+        ready: condition(COND_READY, false, reason, msg.clone()),
+        phase_without_pod: phase,
+        extra: None,
+        pause_message: msg,
+    }
+}
+
+async fn ensure_service(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    api: &Api<Service>,
+) -> Result<(), String> {
+    let svc = build_service(export);
+    let name = svc.name_any();
+    match api.get_opt(&name).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => match ctx.writer.create(api, &svc).await {
+            Ok(_) => {
+                ctx.writer
+                    .event(
+                        &object_ref(export),
+                        EventType::Normal,
+                        "ServiceCreated",
+                        "Create",
+                        format!(
+                            "Created service {}/{name}",
+                            export.namespace().unwrap_or_default()
+                        ),
+                    )
+                    .await;
+                Ok(())
+            }
+            Err(e) if is_already_exists(&e) => Ok(()),
+            Err(e) => Err(format!("Service {name}: {e}")),
+        },
+        Err(e) => Err(format!("Service {name}: {e}")),
+    }
+}
+
+/// Creates the token Secret if missing; a deleted one is recreated with a new token (§7.3).
+async fn ensure_token(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    name: &str,
+) -> Result<(), String> {
+    let api: Api<Secret> = Api::namespaced(ctx.client(), &export.namespace().unwrap_or_default());
+    match api.get_opt(name).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => {
+            let s = build_token_secret(export, name, &generate_token(TOKEN_LENGTH));
+            match ctx.writer.create(&api, &s).await {
+                Ok(_) => {
+                    ctx.writer
+                        .event(
+                            &object_ref(export),
+                            EventType::Normal,
+                            "SecretCreated",
+                            "Create",
+                            format!(
+                                "Created default secret {}/{name}",
+                                export.namespace().unwrap_or_default()
+                            ),
+                        )
+                        .await;
+                    Ok(())
+                }
+                Err(e) if is_already_exists(&e) => Ok(()),
+                Err(e) => Err(format!("Secret {name}: {e}")),
+            }
+        }
+        Err(e) => Err(format!("Secret {name}: {e}")),
+    }
+}
+
+/// Ensures a valid serving certificate; returns its notAfter (§7.4.3).
+async fn ensure_cert(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    ca: &Pem,
+) -> Result<jiff::Timestamp, String> {
+    let ns = export.namespace().unwrap_or_default();
+    let svc = naming::service_name(&export.name_any());
+    let name = naming::cert_secret_name(&export.name_any());
+    let api: Api<Secret> = Api::namespaced(ctx.client(), &ns);
+    let now = jiff::Timestamp::now();
+    let existing = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("Secret {name}: {e}"))?;
+    if let Some(s) = &existing {
+        let crt = s
+            .data
+            .as_ref()
+            .and_then(|d| d.get("tls.crt"))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+        if let Some(crt) = crt
+            && let Ok(info) = certs::inspect(&crt, &ca.cert)
+            && !certs::needs_reissue(&info, &svc, &ns, now, ctx.cfg.pod.cert_renew_before)
+        {
+            return Ok(info.not_after);
+        }
+    }
+    let pem = certs::issue_serving(ca, &svc, &ns, now, ctx.cfg.pod.cert_duration)
+        .map_err(|e| format!("Secret {name}: {e}"))?;
+    let not_after = certs::inspect(&pem.cert, &ca.cert)
+        .map_err(|e| format!("Secret {name}: {e}"))?
+        .not_after;
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.clone()),
+            labels: Some(BTreeMap::from([(
+                APP_LABEL.to_string(),
+                APP_LABEL_VALUE.to_string(),
+            )])),
+            owner_references: Some(vec![owner_reference(export)]),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(BTreeMap::from([
+            (
+                "tls.crt".to_string(),
+                k8s_openapi::ByteString(pem.cert.into_bytes()),
+            ),
+            (
+                "tls.key".to_string(),
+                k8s_openapi::ByteString(pem.key.into_bytes()),
+            ),
+            (
+                "ca.crt".to_string(),
+                k8s_openapi::ByteString(ca.cert.clone().into_bytes()),
+            ),
+        ])),
+        ..Default::default()
+    };
+    // Reissued in place: apply replaces the data of our own Secret.
+    ctx.writer
+        .apply(&api, &secret)
+        .await
+        .map_err(|e| format!("Secret {name}: {e}"))?;
+    Ok(not_after)
+}
+
+pub async fn reconcile(
+    export: Arc<VirtualMachineExport>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    if export.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let ns = export.namespace().unwrap_or_default();
+    let name = export.name_any();
+    let now_ts = jiff::Timestamp::now();
+    let now = crate::conditions::truncate(now_ts);
+    let exports: Api<VirtualMachineExport> = Api::namespaced(ctx.client(), &ns);
+    let oref = object_ref(&export);
+
+    // Step 2: initialise.
+    let old_status = export.status.clone();
+    let mut status = match &old_status {
+        Some(s) if s.ttl_expiration_time.is_some() => s.clone(),
+        other => {
+            let (ttl, warn) = ttl_duration(&export.spec);
+            if let Some(w) = warn {
+                ctx.writer
+                    .event(&oref, EventType::Warning, "InvalidTTL", "Initialize", w)
+                    .await;
+            }
+            let created = export
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .unwrap_or(now_ts);
+            let mut s = initial_status(ttl_expiration(created, ttl), &now);
+            if let Some(o) = other {
+                s.token_secret_ref = o.token_secret_ref.clone();
+            }
+            s
+        }
+    };
+    let expiry = status
+        .ttl_expiration_time
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or(now_ts);
+
+    // Step 3: TTL, in any phase, whether or not a pod exists (§12).
+    let Some(until) = until_expiry(now_ts, expiry) else {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: export.uid(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        ctx.writer.check()?;
+        match exports.delete(&name, &dp).await {
+            Ok(_) => {
+                ctx.ttl_deletions.inc();
+                ctx.writer
+                    .event(
+                        &oref,
+                        EventType::Normal,
+                        "TTLExpired",
+                        "Delete",
+                        format!("VirtualMachineExport {ns}/{name} reached its TTL and was deleted"),
+                    )
+                    .await;
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        return Ok(Action::await_change());
+    };
+
+    let services: Api<Service> = Api::namespaced(ctx.client(), &ns);
+    let pods: Api<Pod> = Api::namespaced(ctx.client(), &ns);
+    let mut failure: Option<Condition> = None;
+
+    // Step 5: the Service, even without a source.
+    if let Err(msg) = ensure_service(&ctx, &export, &services).await {
+        failure = Some(condition(
+            COND_READY,
+            false,
+            REASON_OBJECT_CREATION_FAILED,
+            msg,
+        ));
+    }
+    status.service_name = Some(naming::service_name(&name));
+
+    // Step 4: the source.
+    let kind = classify_source(&export.spec);
+    let source = match kind {
+        SourceKind::Pvc => resolve_pvc(&ctx, &export),
+        SourceKind::Unsupported => unavailable(
+            PHASE_SKIPPED,
+            REASON_UNSUPPORTED_SOURCE,
+            unsupported_source_message(&export.spec),
+        ),
+        SourceKind::VirtualMachine | SourceKind::VirtualMachineSnapshot => unavailable(
+            PHASE_SKIPPED,
+            REASON_UNSUPPORTED_SOURCE,
+            format!(
+                "{} sources are not implemented in this ucm build yet; supported now: PersistentVolumeClaim",
+                export.spec.source.kind
+            ),
+        ),
+    };
+    if let Some(t) = &export.spec.token_secret_ref {
+        status.token_secret_ref = Some(t.clone());
+    }
+
+    // Step 6: token, certificate, pod.
+    let pod_name = naming::pod_name(&name);
+    let mut pod = pods.get_opt(&pod_name).await?;
+    if source.available && !source.volumes.is_empty() && failure.is_none() {
+        let token_name = match &export.spec.token_secret_ref {
+            Some(t) => Some(t.clone()),
+            None => {
+                let n = status
+                    .token_secret_ref
+                    .clone()
+                    .unwrap_or_else(|| naming::token_secret_name(&name));
+                status.token_secret_ref = Some(n.clone());
+                match ensure_token(&ctx, &export, &n).await {
+                    Ok(()) => Some(n),
+                    Err(msg) => {
+                        failure = Some(condition(
+                            COND_READY,
+                            false,
+                            REASON_OBJECT_CREATION_FAILED,
+                            msg,
+                        ));
+                        None
+                    }
+                }
+            }
+        };
+        if let (Some(token_name), None) = (token_name, &pod) {
+            let ca = ctx.ca().await?;
+            match ensure_cert(&ctx, &export, &ca).await {
+                Err(msg) => {
+                    failure = Some(condition(
+                        COND_READY,
+                        false,
+                        REASON_OBJECT_CREATION_FAILED,
+                        msg,
+                    ))
+                }
+                Ok(not_after) => {
+                    let volumes = dedup_volumes(source.volumes.clone());
+                    let input = PodInput {
+                        export: &export,
+                        volumes: &volumes,
+                        token_secret: &token_name,
+                        cert_secret: &naming::cert_secret_name(&name),
+                        deadline: deadline(not_after, ctx.cfg.pod.cert_renew_before, expiry),
+                        vm_manifest: false,
+                    };
+                    let desired = build_pod(&input, &ctx.cfg.pod);
+                    match ctx.writer.create(&pods, &desired).await {
+                        Ok(p) => {
+                            ctx.writer
+                                .event(
+                                    &oref,
+                                    EventType::Normal,
+                                    "ExporterPodCreated",
+                                    "Create",
+                                    format!("Created exporter pod {ns}/{pod_name}"),
+                                )
+                                .await;
+                            pod = Some(p);
+                        }
+                        Err(e) => {
+                            let msg = format!("Pod {pod_name}: {e}");
+                            ctx.writer
+                                .event(
+                                    &oref,
+                                    EventType::Warning,
+                                    REASON_POD_CREATION_FAILED,
+                                    "Create",
+                                    msg.clone(),
+                                )
+                                .await;
+                            failure = Some(condition(
+                                COND_READY,
+                                false,
+                                REASON_POD_CREATION_FAILED,
+                                msg,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // Step 7: pause, completion, changed certificate parameters.
+    let mut status_pod = pod.clone();
+    if let Some(p) = &pod {
+        let state = pod_state(p);
+        let delete_reason = if !source.available {
+            Some(("ExportPaused", source.pause_message.clone()))
+        } else if matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded") | Some("Failed")
+        ) {
+            Some((
+                "ExporterPodFailedOrCompleted",
+                format!(
+                    "Exporter pod {ns}/{pod_name} is in phase {}",
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.phase.clone())
+                        .unwrap_or_default()
+                ),
+            ))
+        } else if p.annotations().get(ANN_CERT_PARAMS) != Some(&ctx.cfg.pod.cert_params()) {
+            Some((
+                "CertificateParametersChanged",
+                "Exporter TLS certificate parameters updated".to_string(),
+            ))
+        } else {
+            None
+        };
+        if let Some((reason, msg)) = delete_reason {
+            if p.metadata.deletion_timestamp.is_none() {
+                ctx.writer
+                    .event(&oref, EventType::Warning, reason, "Delete", msg)
+                    .await;
+                ctx.writer.delete(&pods, &pod_name).await?;
+            }
+            // A completed pod still shapes this pass's status (Terminated); others do not.
+            if !(reason == "ExporterPodFailedOrCompleted" && state == PodState::Succeeded) {
+                status_pod = if reason == "ExporterPodFailedOrCompleted" {
+                    Some(p.clone())
+                } else {
+                    None
+                };
+            }
+        }
+    }
+
+    // Step 8: the status.
+    let mut conds = status.conditions.clone().unwrap_or_default();
+    let (phase, ready) = match (&failure, &status_pod) {
+        (Some(f), _) => (PHASE_PENDING, f.clone()),
+        (None, Some(p)) => {
+            let (ph, c) = phase_from_pod(pod_state(p), &pod_name);
+            (ph, c)
+        }
+        (None, None) => (source.phase_without_pod, source.ready.clone()),
+    };
+    set_condition(&mut conds, ready, &now);
+    match &source.extra {
+        Some(c) => {
+            set_condition(&mut conds, c.clone(), &now);
+        }
+        None => {
+            remove_condition(&mut conds, COND_PVC_READY);
+        }
+    }
+    status.conditions = Some(conds);
+    status.phase = Some(phase.to_string());
+    status.links = match (&status_pod, failure.is_none()) {
+        (Some(p), true) if pod_state(p) == PodState::Ready => {
+            let ca = ctx.ca().await?;
+            Some(links_from_pod(
+                p,
+                &LinkSettings {
+                    namespace: ns.clone(),
+                    export_name: name.clone(),
+                    service_name: naming::service_name(&name),
+                    internal_cert: ca.cert,
+                    external_host: ctx.cfg.external_host.clone(),
+                    external_cert: ctx.cfg.external_ca.clone(),
+                    strip_prefix: None,
+                },
+            ))
+        }
+        _ => None,
+    };
+    if old_status.as_ref() != Some(&status) {
+        write_status(&ctx, &exports, &export, &status).await?;
+    }
+
+    // Step 9: the smallest pending requeue: TTL expiry, or the backoff after a failed create
+    // (1 s doubling to 60 s, per object; the status above already says what failed).
+    let key = format!("{ns}/{name}");
+    let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+    let wait = if failure.is_some() {
+        let n = failures.entry(key).or_insert(0);
+        *n = n.saturating_add(1);
+        until.min(rtc::backoff(*n, BACKOFF_CAP))
+    } else {
+        failures.remove(&key);
+        until
+    };
+    Ok(Action::requeue(wait.max(Duration::from_millis(1))))
+}
+
+async fn write_status(
+    ctx: &Context,
+    api: &Api<VirtualMachineExport>,
+    export: &VirtualMachineExport,
+    status: &VirtualMachineExportStatus,
+) -> Result<(), Error> {
+    let rv = export.resource_version().unwrap_or_default();
+    ctx.writer
+        .merge_status_fenced(api, &export.name_any(), &rv, status)
+        .await?;
+    Ok(())
+}
+
+/// Exports whose source is the PVC `ns/claim`.
+fn exports_of_claim(
+    store: &Store<Guarded<VirtualMachineExport>>,
+    ns: &str,
+    claim: &str,
+) -> Vec<ObjectRef<Guarded<VirtualMachineExport>>> {
+    store
+        .state()
+        .iter()
+        .filter_map(|g| {
+            let e = g.0.as_ref().ok()?;
+            (e.namespace().as_deref() == Some(ns)
+                && classify_source(&e.spec) == SourceKind::Pvc
+                && e.spec.source.name == claim)
+                .then(|| ObjectRef::from_obj(g.as_ref()))
+        })
+        .collect()
+}
+
+fn owner_export(meta: &kube::api::ObjectMeta) -> Option<ObjectRef<Guarded<VirtualMachineExport>>> {
+    let o = meta.owner_references.as_ref()?.iter().find(|o| {
+        o.controller == Some(true)
+            && o.kind == KIND
+            && o.api_version.starts_with(&format!("{GROUP}/"))
+    })?;
+    Some(ObjectRef::new(&o.name).within(meta.namespace.as_deref().unwrap_or_default()))
+}
+
+/// Runs the reconciler until shutdown.
+pub async fn run(rt: Runtime, cfg: Config) {
+    let client = rt.client.clone();
+    let ttl_deletions = IntCounter::new(
+        "ucm_vmexport_ttl_deletions_total",
+        "VirtualMachineExports deleted at TTL expiry",
+    )
+    .expect("valid metric");
+    let _ = rt
+        .metrics
+        .registry
+        .register(Box::new(ttl_deletions.clone()));
+    let exports_gauge = IntGaugeVec::new(
+        Opts::new("ucm_vmexport_exports", "VirtualMachineExports by phase"),
+        &["phase"],
+    )
+    .expect("valid metric");
+    let _ = rt
+        .metrics
+        .registry
+        .register(Box::new(exports_gauge.clone()));
+
+    let (pod_store, pod_events) =
+        rt.reflect::<Pod>("vmexport-pods", rt.watched(), watcher::Config::default());
+    let (pvc_store, pvc_events) = rt.reflect::<PersistentVolumeClaim>(
+        "vmexport-pvcs",
+        rt.watched(),
+        watcher::Config::default(),
+    );
+    let controller = rt.controller::<VirtualMachineExport>(
+        CONTROLLER,
+        rt.watched(),
+        watcher::Config::default(),
+        Trigger::SpecAndFinalizers,
+    );
+    let store = controller.store();
+
+    // Phase gauge: recomputed from the cache whenever a reconcile finishes would need a hook;
+    // a small task keeps it current from the store instead.
+    {
+        let store = store.clone();
+        let g = exports_gauge.clone();
+        let shutdown = rt.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let mut counts: BTreeMap<&str, i64> = [
+                    ("Pending", 0),
+                    ("Ready", 0),
+                    ("Terminated", 0),
+                    ("Skipped", 0),
+                    ("Unset", 0),
+                ]
+                .into_iter()
+                .collect();
+                for e in store.state() {
+                    let phase =
+                        e.0.as_ref()
+                            .ok()
+                            .and_then(|e| e.status.as_ref()?.phase.clone())
+                            .unwrap_or_default();
+                    let key = counts
+                        .keys()
+                        .copied()
+                        .find(|k| *k == phase)
+                        .unwrap_or("Unset");
+                    *counts.entry(key).or_default() += 1;
+                }
+                for (k, v) in counts {
+                    g.with_label_values(&[k]).set(v);
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+            }
+        });
+    }
+
+    let s1 = store.clone();
+    let s2 = store.clone();
+    let controller = controller
+        .owns(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default().labels("kubevirt.io=virt-exporter"),
+        )
+        .owns(
+            Api::<Secret>::all(client.clone()),
+            watcher::Config::default().labels("kubevirt.io=virt-exporter"),
+        )
+        .watches_stream(pvc_events.boxed(), move |pvc: PersistentVolumeClaim| {
+            exports_of_claim(&s1, &pvc.namespace().unwrap_or_default(), &pvc.name_any())
+        })
+        .watches_stream(pod_events.boxed(), move |pod: Pod| {
+            let ns = pod.namespace().unwrap_or_default();
+            let mut out: Vec<_> = owner_export(&pod.metadata).into_iter().collect();
+            for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+                if let Some(c) = &v.persistent_volume_claim {
+                    out.extend(exports_of_claim(&s2, &ns, &c.claim_name));
+                }
+            }
+            out
+        });
+    let ctx = Arc::new(Context {
+        writer: rt.writer(CONTROLLER),
+        cfg,
+        pods: pod_store,
+        pvcs: pvc_store,
+        ca: tokio::sync::Mutex::new(None),
+        ttl_deletions,
+        failures: Mutex::new(BTreeMap::new()),
+    });
+    rtc::run(&rt, CONTROLLER, controller, ctx, BACKOFF_CAP, reconcile).await;
+}
