@@ -704,7 +704,6 @@ fn owner_export(meta: &kube::api::ObjectMeta) -> Option<ObjectRef<Guarded<Virtua
 
 /// Runs the reconciler until shutdown.
 pub async fn run(rt: Runtime, cfg: Config) {
-    let client = rt.client.clone();
     let ttl_deletions = IntCounter::new(
         "ucm_vmexport_ttl_deletions_total",
         "VirtualMachineExports deleted at TTL expiry",
@@ -784,11 +783,11 @@ pub async fn run(rt: Runtime, cfg: Config) {
     let s2 = store.clone();
     let controller = controller
         .owns(
-            Api::<Service>::all(client.clone()),
+            rt.watched::<Service>(),
             watcher::Config::default().labels("kubevirt.io=virt-exporter"),
         )
         .owns(
-            Api::<Secret>::all(client.clone()),
+            rt.watched::<Secret>(),
             watcher::Config::default().labels("kubevirt.io=virt-exporter"),
         )
         .watches_stream(pvc_events.boxed(), move |pvc: PersistentVolumeClaim| {

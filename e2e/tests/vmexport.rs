@@ -1,0 +1,656 @@
+//! The vmexport reconciler against a real API server (no kubelet: the tests patch the export
+//! pod's status as the kubelet would), and the bridge test: the pod the reconciler rendered is
+//! run as a real `ucm export-server` and every internal link is downloaded through it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::core::v1::{LimitRange, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use ucm::vmexport::VirtualMachineExport;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn manager(env: &TestEnv) -> Manager {
+    Manager::start(ManagerOpts::new(&env.kubeconfig, &env.ns).only("vmexport"))
+}
+
+async fn create_pvc(client: &Client, ns: &str, name: &str, content: Option<&str>, block: bool) {
+    let mut ann = serde_json::Map::new();
+    if let Some(c) = content {
+        ann.insert("cdi.kubevirt.io/storage.contentType".into(), json!(c));
+    }
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": ann},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "volumeMode": if block { "Block" } else { "Filesystem" },
+            "resources": {"requests": {"storage": "1Gi"}},
+            "storageClassName": "none",
+        }
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap();
+}
+
+async fn create_export(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    source: serde_json::Value,
+    ttl: Option<&str>,
+) -> Result<VirtualMachineExport, kube::Error> {
+    let mut spec = json!({"source": source});
+    if let Some(t) = ttl {
+        spec["ttlDuration"] = json!(t);
+    }
+    let e: VirtualMachineExport = serde_json::from_value(json!({
+        "apiVersion": "export.kubevirt.io/v1beta1",
+        "kind": "VirtualMachineExport",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap();
+    Api::<VirtualMachineExport>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &e)
+        .await
+}
+
+fn pvc_source(name: &str) -> serde_json::Value {
+    json!({"kind": "PersistentVolumeClaim", "name": name})
+}
+
+async fn export(client: &Client, ns: &str, name: &str) -> Option<VirtualMachineExport> {
+    Api::<VirtualMachineExport>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+fn ready_reason(e: &VirtualMachineExport) -> (String, String, String) {
+    let st = e.status.clone().unwrap_or_default();
+    let c = st
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap_or_default();
+    (
+        st.phase.unwrap_or_default(),
+        c.reason.unwrap_or_default(),
+        c.message.unwrap_or_default(),
+    )
+}
+
+async fn wait_phase(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    phase: &str,
+    reason: &str,
+) -> VirtualMachineExport {
+    let start = Instant::now();
+    loop {
+        if let Some(e) = export(client, ns, name).await {
+            let (p, r, _) = ready_reason(&e);
+            if p == phase && r == reason {
+                return e;
+            }
+            if start.elapsed() > WAIT {
+                panic!("export {name}: want {phase}/{reason}, have {:?}", e.status);
+            }
+        } else if start.elapsed() > WAIT {
+            panic!("export {name} is gone");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What the kubelet would write for a running, ready export server.
+async fn mark_pod(client: &Client, ns: &str, name: &str, phase: &str, ready: bool) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let body = json!({"status": {
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+        "containerStatuses": [{
+            "name": "exporter", "ready": ready, "restartCount": 0, "image": "ucm", "imageID": "",
+            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+        }],
+    }});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(body))
+        .await
+        .unwrap();
+}
+
+async fn user_pod(client: &Client, ns: &str, name: &str, claim: &str) {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "c", "image": "busybox"}],
+            "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": claim}}],
+        }
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+}
+
+async fn get_secret(client: &Client, ns: &str, name: &str) -> Option<Secret> {
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+fn data(s: &Secret, k: &str) -> Vec<u8> {
+    s.data.as_ref().unwrap()[k].0.clone()
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e1_pvc_export_objects_ready_links_and_bridge() {
+    let env = TestEnv::new("vmx-e1").await;
+    let m = manager(&env);
+    m.wait_ready().await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    create_pvc(&c, &ns, "disk", Some("kubevirt"), false).await;
+    create_pvc(&c, &ns, "files", None, false).await;
+    create_pvc(&c, &ns, "blk", None, true).await;
+    create_export(&c, &ns, "e1", pvc_source("disk"), None)
+        .await
+        .unwrap();
+    create_export(&c, &ns, "e2", pvc_source("files"), None)
+        .await
+        .unwrap();
+    create_export(&c, &ns, "e3", pvc_source("blk"), None)
+        .await
+        .unwrap();
+
+    for e in ["e1", "e2", "e3"] {
+        wait_phase(&c, &ns, e, "Pending", "PodPending").await;
+    }
+    // the children, owned by the export
+    let svc = Api::<Service>::namespaced(c.clone(), &ns)
+        .get("virt-export-e1")
+        .await
+        .unwrap();
+    let pod = Api::<Pod>::namespaced(c.clone(), &ns)
+        .get("virt-export-e1")
+        .await
+        .unwrap();
+    let token = get_secret(&c, &ns, "export-token-e1")
+        .await
+        .expect("token Secret");
+    let cert = get_secret(&c, &ns, "export-cert-e1")
+        .await
+        .expect("cert Secret");
+    for owners in [
+        svc.owner_references(),
+        pod.owner_references(),
+        token.owner_references(),
+        cert.owner_references(),
+    ] {
+        let o = &owners[0];
+        assert_eq!(
+            (o.kind.as_str(), o.api_version.as_str(), o.name.as_str()),
+            ("VirtualMachineExport", "export.kubevirt.io/v1beta1", "e1")
+        );
+        assert_eq!(
+            (o.controller, o.block_owner_deletion),
+            (Some(true), Some(true))
+        );
+    }
+    let tok = String::from_utf8(data(&token, "token")).unwrap();
+    assert!(tok.len() >= 32 && tok.bytes().all(|b| b.is_ascii_alphanumeric()));
+
+    for e in ["e1", "e2", "e3"] {
+        mark_pod(&c, &ns, &format!("virt-export-{e}"), "Running", true).await;
+    }
+    let e1 = wait_phase(&c, &ns, "e1", "Ready", "PodReady").await;
+    let st = e1.status.clone().unwrap();
+    assert_eq!(st.token_secret_ref.as_deref(), Some("export-token-e1"));
+    assert_eq!(st.service_name.as_deref(), Some("virt-export-e1"));
+    let ca = get_secret(&c, &ns, "ucm-export-ca")
+        .await
+        .expect("CA Secret in the manager namespace");
+    let int = st.links.clone().unwrap().internal.unwrap();
+    assert_eq!(
+        int.cert,
+        String::from_utf8(data(&ca, "tls.crt")).unwrap().trim()
+    );
+    assert!(st.links.unwrap().external.is_none());
+    let h = format!("https://virt-export-e1.{ns}.svc");
+    let vols = serde_json::to_value(&int.volumes).unwrap();
+    assert_eq!(
+        vols,
+        json!([{"name": "disk", "formats": [
+        {"format": "raw", "url": format!("{h}/volumes/disk/disk.img")},
+        {"format": "gzip", "url": format!("{h}/volumes/disk/disk.img.gz")}]}])
+    );
+    assert_eq!(
+        serde_json::to_value(&int.manifests).unwrap(),
+        json!([{"type": "auth-header-secret", "url": format!("{h}/internal/manifests/secret")}])
+    );
+    let e2 = wait_phase(&c, &ns, "e2", "Ready", "PodReady").await;
+    let h2 = format!("https://virt-export-e2.{ns}.svc");
+    assert_eq!(
+        serde_json::to_value(e2.status.unwrap().links.unwrap().internal.unwrap().volumes).unwrap(),
+        json!([{"name": "files", "formats": [
+        {"format": "dir", "url": format!("{h2}/volumes/files/dir")},
+        {"format": "tar.gz", "url": format!("{h2}/volumes/files/disk.tar.gz")}]}])
+    );
+    let e3 = wait_phase(&c, &ns, "e3", "Ready", "PodReady").await;
+    let blk = Api::<Pod>::namespaced(c.clone(), &ns)
+        .get("virt-export-e3")
+        .await
+        .unwrap();
+    assert!(
+        blk.spec.unwrap().containers[0]
+            .volume_devices
+            .as_ref()
+            .unwrap()[0]
+            .device_path
+            .starts_with("/dev/export-volumes/")
+    );
+    assert_eq!(
+        e3.status
+            .unwrap()
+            .links
+            .unwrap()
+            .internal
+            .unwrap()
+            .volumes
+            .unwrap()[0]
+            .formats
+            .as_ref()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // a deleted child is recreated
+    Api::<Service>::namespaced(c.clone(), &ns)
+        .delete("virt-export-e1", &Default::default())
+        .await
+        .unwrap();
+    eventually(WAIT, "the Service to be recreated", || async {
+        Api::<Service>::namespaced(c.clone(), &ns)
+            .get_opt("virt-export-e1")
+            .await
+            .unwrap()
+            .is_some_and(|s| s.metadata.deletion_timestamp.is_none())
+    })
+    .await;
+
+    bridge(&pod, &cert, &tok, &int_urls(&e1)).await;
+}
+
+fn int_urls(e: &VirtualMachineExport) -> Vec<String> {
+    let int = e.status.clone().unwrap().links.unwrap().internal.unwrap();
+    let mut out: Vec<String> = int
+        .volumes
+        .unwrap()
+        .into_iter()
+        .flat_map(|v| v.formats.unwrap())
+        .map(|f| f.url)
+        .collect();
+    out.extend(int.manifests.unwrap().into_iter().map(|m| m.url));
+    out
+}
+
+/// Runs the rendered pod's command with its environment (mount paths mapped to temp dirs) and
+/// downloads every internal link through it.
+async fn bridge(pod: &Pod, cert: &Secret, token: &str, urls: &[String]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let spec = pod.spec.clone().unwrap();
+    let ctr = &spec.containers[0];
+    let map = |p: &str| {
+        root.join(p.trim_start_matches('/'))
+            .to_string_lossy()
+            .into_owned()
+    };
+    let image = (0..200_000u32)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>();
+    let mut envs: BTreeMap<String, String> = BTreeMap::new();
+    for e in ctr.env.clone().unwrap() {
+        let Some(v) = e.value else { continue };
+        let v = if e.name.ends_with("_EXPORT_PATH") || e.name.ends_with("_FILE") {
+            map(&v)
+        } else {
+            v
+        };
+        envs.insert(e.name, v);
+    }
+    std::fs::create_dir_all(map("/export-volumes/v0-disk")).unwrap();
+    std::fs::write(
+        Path::new(&map("/export-volumes/v0-disk")).join("disk.img"),
+        &image,
+    )
+    .unwrap();
+    std::fs::create_dir_all(map("/cert")).unwrap();
+    std::fs::create_dir_all(map("/token")).unwrap();
+    std::fs::write(map("/cert/tls.crt"), data(cert, "tls.crt")).unwrap();
+    std::fs::write(map("/cert/tls.key"), data(cert, "tls.key")).unwrap();
+    std::fs::write(root.join("ca.crt"), data(cert, "ca.crt")).unwrap();
+    std::fs::write(map("/token/token"), token).unwrap();
+    let port = free_port();
+    envs.insert("LISTEN_ADDR".into(), format!("127.0.0.1:{port}"));
+    envs.insert("METRICS_ADDR".into(), format!("127.0.0.1:{}", free_port()));
+    assert_eq!(ctr.command.as_deref(), Some(&["ucm".to_string()][..]));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ucm"))
+        .args(ctr.args.clone().unwrap())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(&envs)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "export server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for url in urls {
+        let host = url
+            .trim_start_matches("https://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let out = Command::new("curl")
+            .args([
+                "-sSf",
+                "--cacert",
+                root.join("ca.crt").to_str().unwrap(),
+                "--connect-to",
+                &format!("{host}:443:127.0.0.1:{port}"),
+                "-H",
+                &format!("x-kubevirt-export-token: {token}"),
+                url,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if url.ends_with("/disk.img") {
+            assert_eq!(out.stdout, image);
+        } else if url.ends_with(".gz") {
+            let mut gz = Command::new("gzip")
+                .arg("-dc")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = gz.stdin.take().unwrap();
+            let body = out.stdout.clone();
+            let feeder = std::thread::spawn(move || {
+                use std::io::Write;
+                let _ = stdin.write_all(&body);
+            });
+            let plain = gz.wait_with_output().unwrap().stdout;
+            feeder.join().unwrap();
+            assert_eq!(plain, image);
+        } else {
+            assert!(String::from_utf8_lossy(&out.stdout).contains(token));
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e2_e3_missing_then_in_use_pvc() {
+    let env = TestEnv::new("vmx-e3").await;
+    let m = manager(&env);
+    m.wait_ready().await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    create_export(&c, &ns, "late", pvc_source("d"), None)
+        .await
+        .unwrap();
+    let e = wait_phase(&c, &ns, "late", "Pending", "Initializing").await;
+    let pvc_cond = e
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "PVCReady")
+        .unwrap();
+    assert_eq!(pvc_cond.reason.as_deref(), Some("PVCNotFound"));
+    assert_eq!(
+        pvc_cond.message,
+        Some(format!("PersistentVolumeClaim {ns}/d not found"))
+    );
+    // a user pod appears before the claim: once the claim exists the export waits for the user
+    user_pod(&c, &ns, "user", "d").await;
+    mark_pod(&c, &ns, "user", "Running", true).await;
+    create_pvc(&c, &ns, "d", Some("kubevirt"), false).await;
+    let (_, _, msg) = ready_reason(&wait_phase(&c, &ns, "late", "Pending", "InUse").await);
+    assert_eq!(msg, format!("PersistentVolumeClaim {ns}/d is in use"));
+    assert!(
+        Api::<Pod>::namespaced(c.clone(), &ns)
+            .get_opt("virt-export-late")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // the user finishes: the export proceeds
+    Api::<Pod>::namespaced(c.clone(), &ns)
+        .patch_status(
+            "user",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await
+        .unwrap();
+    wait_phase(&c, &ns, "late", "Pending", "PodPending").await;
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e9_ttl_deletes_without_pod_and_counts() {
+    let env = TestEnv::new("vmx-e9").await;
+    let m = manager(&env);
+    m.wait_ready().await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    create_export(&c, &ns, "short", pvc_source("absent"), Some("10s"))
+        .await
+        .unwrap();
+    create_export(
+        &c,
+        &ns,
+        "skipped",
+        json!({"kind": "Pod", "name": "x"}),
+        Some("10s"),
+    )
+    .await
+    .unwrap();
+    let e = wait_phase(&c, &ns, "short", "Pending", "Initializing").await;
+    let expiry = e.status.unwrap().ttl_expiration_time.unwrap().0;
+    let created = e.metadata.creation_timestamp.unwrap().0;
+    assert_eq!(
+        expiry.duration_since(created),
+        jiff::SignedDuration::from_secs(10)
+    );
+    wait_phase(&c, &ns, "skipped", "Skipped", "UnsupportedSource").await;
+    loop {
+        let a = export(&c, &ns, "short").await;
+        let b = export(&c, &ns, "skipped").await;
+        let now = jiff::Timestamp::now();
+        if a.is_none() && b.is_none() {
+            assert!(
+                now.duration_since(expiry) < jiff::SignedDuration::from_millis(1500),
+                "deleted {:?} after expiry",
+                now.duration_since(expiry)
+            );
+            break;
+        }
+        assert!(
+            now < expiry + jiff::SignedDuration::from_secs(2),
+            "not deleted at expiry"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eventually(WAIT, "the TTL counter", || async {
+        m.metrics()
+            .await
+            .contains("ucm_vmexport_ttl_deletions_total 2")
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e10_e12_e16_validation_unsupported_and_alpha() {
+    let env = TestEnv::new("vmx-e10").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    let m = manager(&env);
+    m.wait_ready().await;
+    create_export(&c, &ns, "imm", pvc_source("a"), None)
+        .await
+        .unwrap();
+    let api: Api<VirtualMachineExport> = Api::namespaced(c.clone(), &ns);
+    let err = api
+        .patch(
+            "imm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"source": {"name": "b"}}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("spec is immutable after creation"),
+        "{err}"
+    );
+    api.patch(
+        "imm",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+    )
+    .await
+    .unwrap();
+    let err = create_export(&c, &ns, "neg", pvc_source("a"), Some("-1h"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("ttlDuration"), "{err}");
+    assert!(
+        create_export(&c, &ns, "bad", pvc_source("a"), Some("soon"))
+            .await
+            .is_err()
+    );
+    assert!(
+        create_export(
+            &c,
+            &ns,
+            "blank",
+            json!({"kind": "PersistentVolumeClaim", "name": ""}),
+            None
+        )
+        .await
+        .is_err()
+    );
+
+    create_export(&c, &ns, "pod", json!({"kind": "Pod", "name": "x"}), None)
+        .await
+        .unwrap();
+    create_export(
+        &c,
+        &ns,
+        "foo",
+        json!({"kind": "VirtualMachine", "apiGroup": "foo.io", "name": "x"}),
+        None,
+    )
+    .await
+    .unwrap();
+    for n in ["pod", "foo"] {
+        let (_, _, msg) =
+            ready_reason(&wait_phase(&c, &ns, n, "Skipped", "UnsupportedSource").await);
+        assert!(msg.contains("supported sources are"), "{msg}");
+    }
+
+    // v1alpha1 in, v1beta1 out
+    let ar = ApiResource {
+        group: "export.kubevirt.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "export.kubevirt.io/v1alpha1".into(),
+        kind: "VirtualMachineExport".into(),
+        plural: "virtualmachineexports".into(),
+    };
+    let alpha: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns, &ar);
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "export.kubevirt.io/v1alpha1", "kind": "VirtualMachineExport",
+        "metadata": {"name": "alpha"},
+        "spec": {"source": {"kind": "PersistentVolumeClaim", "name": "a"}, "ttlDuration": "90m", "tokenSecretRef": "mine"},
+    })).unwrap();
+    alpha.create(&PostParams::default(), &obj).await.unwrap();
+    let beta = api.get("alpha").await.unwrap();
+    assert_eq!(beta.spec.ttl_duration.as_deref(), Some("90m"));
+    assert_eq!(beta.spec.token_secret_ref.as_deref(), Some("mine"));
+    assert_eq!(beta.spec.source.name, "a");
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e13_pod_creation_refused_still_writes_status() {
+    let env = TestEnv::new("vmx-e13").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    let lr: LimitRange = serde_json::from_value(json!({
+        "metadata": {"name": "tiny"},
+        "spec": {"limits": [{"type": "Container", "max": {"cpu": "50m"}}]},
+    }))
+    .unwrap();
+    let lrs: Api<LimitRange> = Api::namespaced(c.clone(), &ns);
+    lrs.create(&PostParams::default(), &lr).await.unwrap();
+    let m = manager(&env);
+    m.wait_ready().await;
+    create_pvc(&c, &ns, "d", Some("kubevirt"), false).await;
+    create_export(&c, &ns, "lr", pvc_source("d"), None)
+        .await
+        .unwrap();
+    let (_, _, msg) =
+        ready_reason(&wait_phase(&c, &ns, "lr", "Pending", "PodCreationFailed").await);
+    assert!(
+        msg.contains("virt-export-lr") && msg.to_lowercase().contains("cpu"),
+        "{msg}"
+    );
+    lrs.delete("tiny", &Default::default()).await.unwrap();
+    // the error backoff (capped at 60 s) retries the create
+    let start = Instant::now();
+    loop {
+        if Api::<Pod>::namespaced(c.clone(), &ns)
+            .get_opt("virt-export-lr")
+            .await
+            .unwrap()
+            .is_some()
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(75),
+            "pod not created after the LimitRange went away"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
