@@ -654,3 +654,118 @@ async fn e13_pod_creation_refused_still_writes_status() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+async fn pod_uid(c: &Client, ns: &str, name: &str) -> Option<String> {
+    Api::<Pod>::namespaced(c.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+        .and_then(|p| p.metadata.uid)
+}
+
+async fn has_event(c: &Client, ns: &str, reason: &str) -> bool {
+    let evs: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.clone(), ns);
+    evs.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .any(|e| e.reason.as_deref() == Some(reason))
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e4_e8_e18_pause_pod_lifecycle_and_phase_metric() {
+    let env = TestEnv::new("vmx-e4").await;
+    let m = manager(&env);
+    m.wait_ready().await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    create_pvc(&c, &ns, "d", Some("kubevirt"), false).await;
+    create_export(&c, &ns, "p", pvc_source("d"), None)
+        .await
+        .unwrap();
+    wait_phase(&c, &ns, "p", "Pending", "PodPending").await;
+    mark_pod(&c, &ns, "virt-export-p", "Running", true).await;
+    let ready = wait_phase(&c, &ns, "p", "Ready", "PodReady").await;
+    let links = ready.status.unwrap().links;
+    let start = Instant::now();
+    loop {
+        let text = m.metrics().await;
+        if text.contains("ucm_vmexport_exports{phase=\"Ready\"} 1") {
+            break;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "no Ready export in the phase metric:\n{}",
+            text.lines()
+                .filter(|l| l.contains("vmexport"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // E4: a new user of the claim pauses the export: pod deleted, links gone
+    user_pod(&c, &ns, "user", "d").await;
+    let paused = wait_phase(&c, &ns, "p", "Pending", "InUse").await;
+    assert!(paused.status.unwrap().links.is_none());
+    eventually(WAIT, "the export pod to be deleted", || async {
+        pod_uid(&c, &ns, "virt-export-p").await.is_none()
+    })
+    .await;
+    eventually(WAIT, "an ExportPaused event", || async {
+        has_event(&c, &ns, "ExportPaused").await
+    })
+    .await;
+    Api::<Pod>::namespaced(c.clone(), &ns)
+        .patch_status(
+            "user",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Failed"}})),
+        )
+        .await
+        .unwrap();
+    wait_phase(&c, &ns, "p", "Pending", "PodPending").await;
+    mark_pod(&c, &ns, "virt-export-p", "Running", true).await;
+    let again = wait_phase(&c, &ns, "p", "Ready", "PodReady").await;
+    assert_eq!(
+        again.status.unwrap().links,
+        links,
+        "the URLs do not change across a pause"
+    );
+
+    // E8: a failed pod is replaced
+    let uid = pod_uid(&c, &ns, "virt-export-p").await.unwrap();
+    mark_pod(&c, &ns, "virt-export-p", "Failed", false).await;
+    eventually(WAIT, "a new export pod after Failed", || async {
+        pod_uid(&c, &ns, "virt-export-p")
+            .await
+            .is_some_and(|u| u != uid)
+    })
+    .await;
+    eventually(WAIT, "an ExporterPodFailedOrCompleted event", || async {
+        has_event(&c, &ns, "ExporterPodFailedOrCompleted").await
+    })
+    .await;
+    // ... and so is one that exited at DEADLINE
+    let uid = pod_uid(&c, &ns, "virt-export-p").await.unwrap();
+    mark_pod(&c, &ns, "virt-export-p", "Succeeded", false).await;
+    eventually(WAIT, "a new export pod after Succeeded", || async {
+        pod_uid(&c, &ns, "virt-export-p")
+            .await
+            .is_some_and(|u| u != uid)
+    })
+    .await;
+    // a deleted token Secret is recreated with a new token
+    let old = get_secret(&c, &ns, "export-token-p").await.unwrap();
+    Api::<Secret>::namespaced(c.clone(), &ns)
+        .delete("export-token-p", &Default::default())
+        .await
+        .unwrap();
+    eventually(WAIT, "the token Secret to be recreated", || async {
+        get_secret(&c, &ns, "export-token-p")
+            .await
+            .is_some_and(|s| s.metadata.uid != old.metadata.uid)
+    })
+    .await;
+}

@@ -713,15 +713,6 @@ pub async fn run(rt: Runtime, cfg: Config) {
         .metrics
         .registry
         .register(Box::new(ttl_deletions.clone()));
-    let exports_gauge = IntGaugeVec::new(
-        Opts::new("ucm_vmexport_exports", "VirtualMachineExports by phase"),
-        &["phase"],
-    )
-    .expect("valid metric");
-    let _ = rt
-        .metrics
-        .registry
-        .register(Box::new(exports_gauge.clone()));
 
     let (pod_store, pod_events) =
         rt.reflect::<Pod>("vmexport-pods", rt.watched(), watcher::Config::default());
@@ -738,45 +729,13 @@ pub async fn run(rt: Runtime, cfg: Config) {
     );
     let store = controller.store();
 
-    // Phase gauge: recomputed from the cache whenever a reconcile finishes would need a hook;
-    // a small task keeps it current from the store instead.
+    // Exports by phase, computed from the cache at scrape time (§14): no timer.
+    if let Err(e) = rt
+        .metrics
+        .registry
+        .register(Box::new(PhaseCollector::new(store.clone())))
     {
-        let store = store.clone();
-        let g = exports_gauge.clone();
-        let shutdown = rt.shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                let mut counts: BTreeMap<&str, i64> = [
-                    ("Pending", 0),
-                    ("Ready", 0),
-                    ("Terminated", 0),
-                    ("Skipped", 0),
-                    ("Unset", 0),
-                ]
-                .into_iter()
-                .collect();
-                for e in store.state() {
-                    let phase =
-                        e.0.as_ref()
-                            .ok()
-                            .and_then(|e| e.status.as_ref()?.phase.clone())
-                            .unwrap_or_default();
-                    let key = counts
-                        .keys()
-                        .copied()
-                        .find(|k| *k == phase)
-                        .unwrap_or("Unset");
-                    *counts.entry(key).or_default() += 1;
-                }
-                for (k, v) in counts {
-                    g.with_label_values(&[k]).set(v);
-                }
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-                }
-            }
-        });
+        tracing::warn!(error = %e, "cannot register ucm_vmexport_exports");
     }
 
     let s1 = store.clone();
@@ -813,4 +772,108 @@ pub async fn run(rt: Runtime, cfg: Config) {
         failures: Mutex::new(BTreeMap::new()),
     });
     rtc::run(&rt, CONTROLLER, controller, ctx, BACKOFF_CAP, reconcile).await;
+}
+
+/// `ucm_vmexport_exports{phase}` from the export cache, evaluated on every scrape.
+struct PhaseCollector {
+    store: Store<Guarded<VirtualMachineExport>>,
+    desc: prometheus::core::Desc,
+}
+
+impl PhaseCollector {
+    const PHASES: [&'static str; 5] = ["Pending", "Ready", "Terminated", "Skipped", "Unset"];
+
+    fn new(store: Store<Guarded<VirtualMachineExport>>) -> Self {
+        let desc = prometheus::core::Desc::new(
+            "ucm_vmexport_exports".into(),
+            "VirtualMachineExports by phase".into(),
+            vec!["phase".into()],
+            Default::default(),
+        )
+        .expect("valid metric");
+        PhaseCollector { store, desc }
+    }
+}
+
+impl prometheus::core::Collector for PhaseCollector {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let g = IntGaugeVec::new(
+            Opts::new("ucm_vmexport_exports", "VirtualMachineExports by phase"),
+            &["phase"],
+        )
+        .expect("valid metric");
+        for p in Self::PHASES {
+            g.with_label_values(&[p]).set(0);
+        }
+        for e in self.store.state() {
+            let phase =
+                e.0.as_ref()
+                    .ok()
+                    .and_then(|e| e.status.as_ref()?.phase.clone())
+                    .unwrap_or_default();
+            let key = Self::PHASES
+                .into_iter()
+                .find(|k| *k == phase)
+                .unwrap_or("Unset");
+            g.with_label_values(&[key]).inc();
+        }
+        prometheus::core::Collector::collect(&g)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector;
+    use prometheus::Encoder;
+
+    #[test]
+    fn phase_collector_counts_from_the_cache() {
+        let (reader, mut writer) = reflector::store::<Guarded<VirtualMachineExport>>();
+        for (name, phase) in [
+            ("a", Some("Ready")),
+            ("b", Some("Pending")),
+            ("c", None),
+            ("d", Some("Ready")),
+        ] {
+            let mut e = VirtualMachineExport::new(name, Default::default());
+            e.metadata.namespace = Some("ns".into());
+            e.status = phase.map(|p| VirtualMachineExportStatus {
+                phase: Some(p.into()),
+                ..Default::default()
+            });
+            let g: Guarded<VirtualMachineExport> =
+                serde_json::from_value(serde_json::to_value(&e).unwrap()).unwrap();
+            writer.apply_watcher_event(&watcher::Event::Apply(g));
+        }
+        let registry = prometheus::Registry::new();
+        registry
+            .register(Box::new(PhaseCollector::new(reader)))
+            .unwrap();
+        let mut buf = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&registry.gather(), &mut buf)
+            .unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        assert!(
+            text.contains("ucm_vmexport_exports{phase=\"Ready\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ucm_vmexport_exports{phase=\"Pending\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ucm_vmexport_exports{phase=\"Unset\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ucm_vmexport_exports{phase=\"Skipped\"} 0"),
+            "{text}"
+        );
+    }
 }
