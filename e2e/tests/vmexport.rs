@@ -769,3 +769,120 @@ async fn e4_e8_e18_pause_pod_lifecycle_and_phase_metric() {
     })
     .await;
 }
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e14_e15_e17_external_links_cert_params_and_gc() {
+    let env = TestEnv::new("vmx-e14").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    let ca_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        ca_file.path(),
+        "-----BEGIN CERTIFICATE-----\nEXTERNAL\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let m = Manager::start(
+        ManagerOpts::new(&env.kubeconfig, &ns)
+            .only("vmexport")
+            .args([
+                "--export-external-host=proxy.example.test:8443".to_string(),
+                format!("--export-external-ca-file={}", ca_file.path().display()),
+            ]),
+    );
+    m.wait_ready().await;
+    create_pvc(&c, &ns, "d", Some("kubevirt"), false).await;
+    create_export(&c, &ns, "x", pvc_source("d"), None)
+        .await
+        .unwrap();
+    wait_phase(&c, &ns, "x", "Pending", "PodPending").await;
+    mark_pod(&c, &ns, "virt-export-x", "Running", true).await;
+    let e = wait_phase(&c, &ns, "x", "Ready", "PodReady").await;
+    let ext = e
+        .status
+        .unwrap()
+        .links
+        .unwrap()
+        .external
+        .expect("external links with --export-external-host");
+    assert_eq!(
+        ext.cert,
+        "-----BEGIN CERTIFICATE-----\nEXTERNAL\n-----END CERTIFICATE-----"
+    );
+    let base = format!(
+        "https://proxy.example.test:8443/api/export.kubevirt.io/v1beta1/namespaces/{ns}/virtualmachineexports/x"
+    );
+    let urls: Vec<_> = ext.volumes.unwrap()[0]
+        .formats
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|f| f.url)
+        .collect();
+    assert_eq!(
+        urls,
+        [
+            format!("{base}/volumes/d/disk.img"),
+            format!("{base}/volumes/d/disk.img.gz")
+        ]
+    );
+    assert_eq!(
+        ext.manifests.unwrap()[0].url,
+        format!("{base}/external/manifests/secret")
+    );
+
+    // E15: a restart with another certificate duration replaces the pod
+    let uid = pod_uid(&c, &ns, "virt-export-x").await.unwrap();
+    drop(m);
+    let m2 = Manager::start(
+        ManagerOpts::new(&env.kubeconfig, &ns)
+            .only("vmexport")
+            .args(["--export-cert-duration=12h"]),
+    );
+    m2.wait_ready().await;
+    eventually(
+        WAIT,
+        "a new pod with the new certificate parameters",
+        || async {
+            match Api::<Pod>::namespaced(c.clone(), &ns)
+                .get_opt("virt-export-x")
+                .await
+                .unwrap()
+            {
+                Some(p) => {
+                    p.metadata.uid.as_deref() != Some(uid.as_str())
+                        && p.annotations()
+                            .get("kubevirt.io/export.certParameters")
+                            .map(String::as_str)
+                            == Some("{\"Duration\":43200000000000,\"RenewBefore\":8640000000000}")
+                }
+                None => false,
+            }
+        },
+    )
+    .await;
+    eventually(WAIT, "a CertificateParametersChanged event", || async {
+        has_event(&c, &ns, "CertificateParametersChanged").await
+    })
+    .await;
+
+    // E17: deleting the export lets the garbage collector remove every child
+    Api::<VirtualMachineExport>::namespaced(c.clone(), &ns)
+        .delete("x", &Default::default())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(60),
+        "GC of the Service, Secrets and Pod",
+        || async {
+            Api::<Service>::namespaced(c.clone(), &ns)
+                .get_opt("virt-export-x")
+                .await
+                .unwrap()
+                .is_none()
+                && get_secret(&c, &ns, "export-token-x").await.is_none()
+                && get_secret(&c, &ns, "export-cert-x").await.is_none()
+                && pod_uid(&c, &ns, "virt-export-x").await.is_none()
+        },
+    )
+    .await;
+}

@@ -157,6 +157,14 @@ impl Context {
     }
 }
 
+fn store_ready<K: kube::runtime::reflector::Lookup + Clone + 'static>(store: &Store<K>) -> bool
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    use futures::FutureExt;
+    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
+}
+
 /// What the source resolution found (§9.2).
 struct Source {
     volumes: Vec<ExportVolume>,
@@ -368,6 +376,11 @@ pub async fn reconcile(
 ) -> Result<Action, Error> {
     if export.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
+    }
+    // Decisions need the pod and claim caches: before their initial list an empty cache would
+    // read as "claim not found" and pause a running export.
+    if !store_ready(&ctx.pods) || !store_ready(&ctx.pvcs) {
+        return Ok(Action::requeue(Duration::from_millis(200)));
     }
     let ns = export.namespace().unwrap_or_default();
     let name = export.name_any();
