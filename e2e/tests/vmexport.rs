@@ -886,3 +886,205 @@ async fn e14_e15_e17_external_links_cert_params_and_gc() {
     )
     .await;
 }
+
+/// Schema-only KubeVirt CRDs (the e2e suite has no KubeVirt): VirtualMachine and
+/// VirtualMachineInstance, any content accepted, with a status subresource.
+async fn install_kubevirt_crds(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (kind, plural) in [
+        ("VirtualMachine", "virtualmachines"),
+        ("VirtualMachineInstance", "virtualmachineinstances"),
+    ] {
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.kubevirt.io")},
+            "spec": {
+                "group": "kubevirt.io", "scope": "Namespaced",
+                "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+                "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+            }
+        })).unwrap();
+        apply_crd(&crds, &crd).await;
+        wait_established(&crds, &format!("{plural}.kubevirt.io")).await;
+    }
+}
+
+fn kv(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "kubevirt.io".into(),
+        version: "v1".into(),
+        api_version: "kubevirt.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+async fn create_vm(c: &Client, ns: &str, name: &str, volumes: serde_json::Value) {
+    let ar = kv("VirtualMachine", "virtualmachines");
+    let vm: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": name},
+        "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {}, "volumes": volumes}}},
+    }))
+    .unwrap();
+    Api::<DynamicObject>::namespaced_with(c.clone(), ns, &ar)
+        .create(&PostParams::default(), &vm)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e5_e6_vm_source_stopped_running_missing_and_empty() {
+    let env = TestEnv::new("vmx-e5").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    install_kubevirt_crds(&c).await;
+    let m = manager(&env);
+    m.wait_ready().await;
+    create_pvc(&c, &ns, "rootdisk", Some("kubevirt"), false).await;
+    create_pvc(&c, &ns, "data", None, false).await;
+    create_pvc(&c, &ns, "dump", None, false).await;
+    create_vm(
+        &c,
+        &ns,
+        "vm1",
+        json!([
+            {"name": "root", "persistentVolumeClaim": {"claimName": "rootdisk"}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+            {"name": "root-again", "persistentVolumeClaim": {"claimName": "rootdisk"}},
+            {"name": "dump", "memoryDump": {"claimName": "dump"}},
+            {"name": "cloudinit", "cloudInitNoCloud": {"userData": "x"}},
+        ]),
+    )
+    .await;
+    let vm_source =
+        |n: &str| json!({"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": n});
+    create_export(&c, &ns, "vmx", vm_source("vm1"), None)
+        .await
+        .unwrap();
+    let e = wait_phase(&c, &ns, "vmx", "Pending", "PodPending").await;
+    assert_eq!(
+        e.status.unwrap().virtual_machine_name.as_deref(),
+        Some("vm1")
+    );
+    let pod = Api::<Pod>::namespaced(c.clone(), &ns)
+        .get("virt-export-vmx")
+        .await
+        .unwrap();
+    let claims: Vec<String> = pod
+        .spec
+        .unwrap()
+        .volumes
+        .unwrap()
+        .into_iter()
+        .filter_map(|v| v.persistent_volume_claim.map(|p| p.claim_name))
+        .collect();
+    assert_eq!(claims, ["rootdisk", "data", "dump"], "each claim once");
+    mark_pod(&c, &ns, "virt-export-vmx", "Running", true).await;
+    let e = wait_phase(&c, &ns, "vmx", "Ready", "PodReady").await;
+    let vols = e
+        .status
+        .unwrap()
+        .links
+        .unwrap()
+        .internal
+        .unwrap()
+        .volumes
+        .unwrap();
+    let shape: Vec<(String, Vec<String>)> = vols
+        .into_iter()
+        .map(|v| {
+            (
+                v.name,
+                v.formats.unwrap().into_iter().map(|f| f.format).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (
+                "rootdisk".to_string(),
+                vec!["raw".to_string(), "gzip".to_string()]
+            ),
+            (
+                "data".to_string(),
+                vec!["dir".to_string(), "tar.gz".to_string()]
+            ),
+            (
+                "dump".to_string(),
+                vec!["dir".to_string(), "tar.gz".to_string()]
+            ),
+        ]
+    );
+
+    // starting the VM pauses the export; a finished VMI lets it proceed
+    let vmis = Api::<DynamicObject>::namespaced_with(
+        c.clone(),
+        &ns,
+        &kv("VirtualMachineInstance", "virtualmachineinstances"),
+    );
+    let vmi: DynamicObject = serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "vm1"}, "spec": {}})).unwrap();
+    vmis.create(&PostParams::default(), &vmi).await.unwrap();
+    let (_, _, msg) = ready_reason(&wait_phase(&c, &ns, "vmx", "Pending", "InUse").await);
+    assert_eq!(msg, format!("Virtual Machine {ns}/vm1 is running"));
+    eventually(WAIT, "an ExportPaused event", || async {
+        has_event(&c, &ns, "ExportPaused").await
+    })
+    .await;
+    vmis.patch_status(
+        "vm1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+    )
+    .await
+    .unwrap();
+    wait_phase(&c, &ns, "vmx", "Pending", "PodPending").await;
+
+    // missing VM: Skipped until it appears
+    create_export(&c, &ns, "late", vm_source("vm2"), None)
+        .await
+        .unwrap();
+    let (_, _, msg) = ready_reason(&wait_phase(&c, &ns, "late", "Skipped", "VMNotFound").await);
+    assert_eq!(msg, format!("Virtual Machine {ns}/vm2 not found"));
+    create_vm(
+        &c,
+        &ns,
+        "vm2",
+        json!([{"name": "root", "persistentVolumeClaim": {"claimName": "rootdisk"}}]),
+    )
+    .await;
+    // VM sources have no per-claim in-use check: vmx's pod on rootdisk does not block it
+    wait_phase(&c, &ns, "late", "Pending", "PodPending").await;
+
+    // a claim that does not exist yet: not populated until it does
+    create_vm(
+        &c,
+        &ns,
+        "vm3",
+        json!([{"name": "root", "dataVolume": {"name": "later"}}]),
+    )
+    .await;
+    create_export(&c, &ns, "np", vm_source("vm3"), None)
+        .await
+        .unwrap();
+    wait_phase(&c, &ns, "np", "Pending", "VolumesNotPopulated").await;
+    create_pvc(&c, &ns, "later", Some("kubevirt"), false).await;
+    wait_phase(&c, &ns, "np", "Pending", "PodPending").await;
+
+    // no exportable volumes: Skipped, naming what was ignored
+    create_vm(
+        &c,
+        &ns,
+        "vm4",
+        json!([{"name": "ci", "cloudInitNoCloud": {"userData": "x"}}]),
+    )
+    .await;
+    create_export(&c, &ns, "empty", vm_source("vm4"), None)
+        .await
+        .unwrap();
+    let (_, _, msg) = ready_reason(&wait_phase(&c, &ns, "empty", "Skipped", "VMNoVolumes").await);
+    assert!(msg.contains("ci"), "{msg}");
+}

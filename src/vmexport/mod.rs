@@ -6,6 +6,7 @@ pub mod build;
 pub mod certs;
 pub mod duration;
 pub mod naming;
+pub mod optional;
 pub mod reconcile;
 pub mod server;
 pub mod types;

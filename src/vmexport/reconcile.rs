@@ -19,6 +19,7 @@ use prometheus::{IntCounter, IntGaugeVec, Opts};
 use super::build::*;
 use super::certs::{self, Pem};
 use super::naming;
+use super::optional::{self, Kind, Optional};
 use super::types::{VirtualMachineExport, VirtualMachineExportStatus};
 use crate::runtime::controller::{self as rtc, Guarded};
 use crate::runtime::{ReconcileError, Runtime, Trigger, WriteError, Writer};
@@ -69,6 +70,7 @@ pub struct Context {
     pub cfg: Config,
     pub pods: Store<Pod>,
     pub pvcs: Store<PersistentVolumeClaim>,
+    pub optional: Arc<Optional>,
     ca: tokio::sync::Mutex<Option<Pem>>,
     pub ttl_deletions: IntCounter,
     failures: Mutex<BTreeMap<String, u32>>,
@@ -178,6 +180,156 @@ struct Source {
 
 use super::types::Condition;
 
+/// The owning DataVolume's `(phase, contentType)` when the DataVolume API is watched.
+fn dv_info(ctx: &Context, pvc: &PersistentVolumeClaim) -> (Option<String>, Option<String>) {
+    let (Some(dv), Some(store)) = (owning_datavolume(pvc), ctx.optional.store(Kind::DataVolume))
+    else {
+        return (None, None);
+    };
+    let ns = pvc.namespace().unwrap_or_default();
+    match store.get(&ObjectRef::new_with(dv, Kind::DataVolume.resource()).within(&ns)) {
+        None => (Some(String::new()), None),
+        Some(o) => (
+            Some(
+                o.data["status"]["phase"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
+            o.data["spec"]["contentType"].as_str().map(str::to_string),
+        ),
+    }
+}
+
+fn in_use_by_pod(ctx: &Context, ns: &str, claim: &str, export_uid: &str) -> bool {
+    let pods = ctx.pods.state();
+    let local: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.namespace().as_deref() == Some(ns))
+        .map(|p| p.as_ref())
+        .collect();
+    pvc_in_use(local, claim, export_uid).is_some()
+}
+
+/// VM source (§9.2): the claims of its volumes and its backend-storage PVC, blocked while a
+/// VMI of the same name is not finished.
+fn resolve_vm(ctx: &Context, export: &VirtualMachineExport) -> Source {
+    let ns = export.namespace().unwrap_or_default();
+    let name = export.spec.source.name.clone();
+    let Some(vms) = ctx.optional.store(Kind::VirtualMachine) else {
+        return unavailable(
+            PHASE_PENDING,
+            REASON_SOURCE_API_NOT_INSTALLED,
+            format!(
+                "the {} API is not installed; the export proceeds once it is",
+                Kind::VirtualMachine.gvk()
+            ),
+        );
+    };
+    let Some(vm) =
+        vms.get(&ObjectRef::new_with(&name, Kind::VirtualMachine.resource()).within(&ns))
+    else {
+        return unavailable(
+            PHASE_SKIPPED,
+            REASON_VM_NOT_FOUND,
+            format!("Virtual Machine {ns}/{name} not found"),
+        );
+    };
+    let mut claims: Vec<(String, bool)> = Vec::new(); // (claim, forced archive content)
+    let mut ignored: Vec<String> = Vec::new();
+    let empty = Vec::new();
+    let vols = vm.data["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap_or(&empty);
+    for v in vols {
+        let vname = v["name"].as_str().unwrap_or_default().to_string();
+        if let Some(c) = v["dataVolume"]["name"].as_str() {
+            claims.push((c.to_string(), false));
+        } else if let Some(c) = v["persistentVolumeClaim"]["claimName"].as_str() {
+            claims.push((c.to_string(), false));
+        } else if let Some(c) = v["memoryDump"]["claimName"].as_str() {
+            claims.push((c.to_string(), true));
+        } else {
+            ignored.push(vname);
+        }
+    }
+    // The backend-storage PVC (TPM/EFI state) is archive content.
+    for p in ctx.pvcs.state() {
+        if p.namespace().as_deref() == Some(ns.as_str())
+            && p.labels().get("persistent-state-for").map(String::as_str) == Some(name.as_str())
+        {
+            claims.push((p.name_any(), true));
+        }
+    }
+    if claims.is_empty() {
+        let msg = if ignored.is_empty() {
+            format!("Virtual Machine {ns}/{name} has no volumes to export")
+        } else {
+            format!(
+                "Virtual Machine {ns}/{name} has no volumes to export; ignored volumes of other types: {}",
+                ignored.join(", ")
+            )
+        };
+        return unavailable(PHASE_SKIPPED, REASON_VM_NO_VOLUMES, msg);
+    }
+    let mut volumes = Vec::new();
+    let mut populated = true;
+    for (claim, archive) in &claims {
+        match ctx.pvcs.get(&ObjectRef::new(claim).within(&ns)) {
+            None => populated = false,
+            Some(pvc) => {
+                let (phase, ct) = dv_info(ctx, &pvc);
+                if !is_populated(&pvc, phase.as_deref()) {
+                    populated = false;
+                }
+                let mut v = ExportVolume::from_pvc(&pvc, ct.as_deref());
+                if *archive {
+                    v.kubevirt_content = false;
+                }
+                volumes.push(v);
+            }
+        }
+    }
+    let volumes = dedup_volumes(volumes);
+    if !populated {
+        let msg = format!("Not all volumes in the Virtual Machine {ns}/{name} are populated");
+        return Source {
+            volumes,
+            available: false,
+            ready: condition(COND_READY, false, REASON_VOLUMES_NOT_POPULATED, msg.clone()),
+            phase_without_pod: PHASE_PENDING,
+            extra: None,
+            pause_message: msg,
+        };
+    }
+    if let Some(vmis) = ctx.optional.store(Kind::VirtualMachineInstance)
+        && let Some(vmi) = vmis
+            .get(&ObjectRef::new_with(&name, Kind::VirtualMachineInstance.resource()).within(&ns))
+        && !matches!(
+            vmi.data["status"]["phase"].as_str(),
+            Some("Succeeded") | Some("Failed")
+        )
+    {
+        let msg = format!("Virtual Machine {ns}/{name} is running");
+        return Source {
+            volumes,
+            available: false,
+            ready: condition(COND_READY, false, REASON_IN_USE, msg.clone()),
+            phase_without_pod: PHASE_PENDING,
+            extra: None,
+            pause_message: msg,
+        };
+    }
+    Source {
+        volumes,
+        available: true,
+        ready: condition(COND_READY, false, REASON_INITIALIZING, ""),
+        phase_without_pod: PHASE_PENDING,
+        extra: None,
+        pause_message: String::new(),
+    }
+}
+
 fn resolve_pvc(ctx: &Context, export: &VirtualMachineExport) -> Source {
     let ns = export.namespace().unwrap_or_default();
     let name = export.spec.source.name.clone();
@@ -193,16 +345,21 @@ fn resolve_pvc(ctx: &Context, export: &VirtualMachineExport) -> Source {
             pause_message: format!("PersistentVolumeClaim {ns}/{name} not found"),
         };
     };
-    // The DataVolume API is not watched yet: a DV-owned claim counts as populated (§4).
-    let volumes = vec![ExportVolume::from_pvc(&pvc, None)];
+    // Without the DataVolume API a DV-owned claim counts as populated (§4).
+    let (dv_phase, dv_content) = dv_info(ctx, &pvc);
+    let volumes = vec![ExportVolume::from_pvc(&pvc, dv_content.as_deref())];
     let uid = export.uid().unwrap_or_default();
-    let pods = ctx.pods.state();
-    let in_use = pods
-        .iter()
-        .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
-        .map(|p| p.as_ref())
-        .collect::<Vec<_>>();
-    if pvc_in_use(in_use, &name, &uid).is_some() {
+    if !is_populated(&pvc, dv_phase.as_deref()) {
+        return Source {
+            volumes,
+            available: false,
+            ready: condition(COND_READY, false, REASON_PVC_PENDING, ""),
+            phase_without_pod: PHASE_PENDING,
+            extra,
+            pause_message: format!("PersistentVolumeClaim {ns}/{name} is not populated"),
+        };
+    }
+    if in_use_by_pod(ctx, &ns, &name, &uid) {
         let msg = format!("PersistentVolumeClaim {ns}/{name} is in use");
         return Source {
             volumes,
@@ -472,11 +629,15 @@ pub async fn reconcile(
             REASON_UNSUPPORTED_SOURCE,
             unsupported_source_message(&export.spec),
         ),
-        SourceKind::VirtualMachine | SourceKind::VirtualMachineSnapshot => unavailable(
+        SourceKind::VirtualMachine => {
+            status.virtual_machine_name = Some(export.spec.source.name.clone());
+            resolve_vm(&ctx, &export)
+        }
+        SourceKind::VirtualMachineSnapshot => unavailable(
             PHASE_SKIPPED,
             REASON_UNSUPPORTED_SOURCE,
             format!(
-                "{} sources are not implemented in this ucm build yet; supported now: PersistentVolumeClaim",
+                "{} sources are not implemented in this ucm build yet; supported now: PersistentVolumeClaim and VirtualMachine",
                 export.spec.source.kind
             ),
         ),
@@ -706,6 +867,65 @@ fn exports_of_claim(
         .collect()
 }
 
+/// Exports in `ns` with a source of `kind` (and `name`, when given).
+fn exports_of_kind(
+    store: &Store<Guarded<VirtualMachineExport>>,
+    ns: &str,
+    kind: SourceKind,
+    name: Option<&str>,
+) -> Vec<ObjectRef<Guarded<VirtualMachineExport>>> {
+    store
+        .state()
+        .iter()
+        .filter_map(|g| {
+            let e = g.0.as_ref().ok()?;
+            (e.namespace().as_deref() == Some(ns)
+                && classify_source(&e.spec) == kind
+                && name.is_none_or(|n| e.spec.source.name == n))
+            .then(|| ObjectRef::from_obj(g.as_ref()))
+        })
+        .collect()
+}
+
+/// Exports to re-check for an optional-API event; `None` means the API just appeared.
+fn exports_of_optional(
+    store: &Store<Guarded<VirtualMachineExport>>,
+    kind: Kind,
+    obj: Option<&kube::api::DynamicObject>,
+) -> Vec<ObjectRef<Guarded<VirtualMachineExport>>> {
+    let Some(obj) = obj else {
+        // Every export that may be waiting for this API.
+        return store
+            .state()
+            .iter()
+            .filter(|g| {
+                g.0.as_ref().is_ok_and(|e| {
+                    classify_source(&e.spec) == SourceKind::VirtualMachine
+                        || (kind == Kind::DataVolume && classify_source(&e.spec) == SourceKind::Pvc)
+                })
+            })
+            .map(|g| ObjectRef::from_obj(g.as_ref()))
+            .collect();
+    };
+    let ns = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
+    match kind {
+        Kind::VirtualMachine | Kind::VirtualMachineInstance => {
+            exports_of_kind(store, &ns, SourceKind::VirtualMachine, Some(&name))
+        }
+        Kind::DataVolume => {
+            let mut out = exports_of_claim(store, &ns, &name);
+            out.extend(exports_of_kind(
+                store,
+                &ns,
+                SourceKind::VirtualMachine,
+                None,
+            ));
+            out
+        }
+    }
+}
+
 fn owner_export(meta: &kube::api::ObjectMeta) -> Option<ObjectRef<Guarded<VirtualMachineExport>>> {
     let o = meta.owner_references.as_ref()?.iter().find(|o| {
         o.controller == Some(true)
@@ -751,9 +971,26 @@ pub async fn run(rt: Runtime, cfg: Config) {
         tracing::warn!(error = %e, "cannot register ucm_vmexport_exports");
     }
 
+    // Optional APIs: discovery, their watches, and the exports they re-trigger.
+    let optional_state = Arc::new(Optional::default());
+    let (opt_tx, mut opt_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(optional::run(
+        rt.client.clone(),
+        rt.config.watch_namespace.clone(),
+        Arc::clone(&optional_state),
+        opt_tx,
+        rt.shutdown.clone(),
+    ));
+    let s3 = store.clone();
+    let optional_triggers =
+        futures::stream::poll_fn(move |cx| opt_rx.poll_recv(cx)).flat_map(move |(kind, obj)| {
+            futures::stream::iter(exports_of_optional(&s3, kind, obj.as_ref()))
+        });
+
     let s1 = store.clone();
     let s2 = store.clone();
     let controller = controller
+        .reconcile_on(optional_triggers)
         .owns(
             rt.watched::<Service>(),
             watcher::Config::default().labels("kubevirt.io=virt-exporter"),
@@ -763,7 +1000,12 @@ pub async fn run(rt: Runtime, cfg: Config) {
             watcher::Config::default().labels("kubevirt.io=virt-exporter"),
         )
         .watches_stream(pvc_events.boxed(), move |pvc: PersistentVolumeClaim| {
-            exports_of_claim(&s1, &pvc.namespace().unwrap_or_default(), &pvc.name_any())
+            let ns = pvc.namespace().unwrap_or_default();
+            let mut out = exports_of_claim(&s1, &ns, &pvc.name_any());
+            // A VM's claims (and its backend PVC) are not indexed: VM exports of the namespace
+            // are re-checked, which is cheap and idempotent.
+            out.extend(exports_of_kind(&s1, &ns, SourceKind::VirtualMachine, None));
+            out
         })
         .watches_stream(pod_events.boxed(), move |pod: Pod| {
             let ns = pod.namespace().unwrap_or_default();
@@ -780,6 +1022,7 @@ pub async fn run(rt: Runtime, cfg: Config) {
         cfg,
         pods: pod_store,
         pvcs: pvc_store,
+        optional: optional_state,
         ca: tokio::sync::Mutex::new(None),
         ttl_deletions,
         failures: Mutex::new(BTreeMap::new()),

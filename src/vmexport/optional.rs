@@ -1,0 +1,147 @@
+//! Optional APIs (vmexport.md §4): KubeVirt VirtualMachine/VirtualMachineInstance and CDI
+//! DataVolume are read only where installed. Discovery runs at start and every 60 s; a watch
+//! starts once its API appears, and its events (and the appearance itself) re-trigger the
+//! exports that depend on it. A missing API never stops the manager.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::mpsc::UnboundedSender;
+
+pub const DISCOVERY_PERIOD: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    VirtualMachine,
+    VirtualMachineInstance,
+    DataVolume,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [
+        Kind::VirtualMachine,
+        Kind::VirtualMachineInstance,
+        Kind::DataVolume,
+    ];
+
+    pub fn resource(self) -> ApiResource {
+        let (group, version, kind, plural) = match self {
+            Kind::VirtualMachine => ("kubevirt.io", "v1", "VirtualMachine", "virtualmachines"),
+            Kind::VirtualMachineInstance => (
+                "kubevirt.io",
+                "v1",
+                "VirtualMachineInstance",
+                "virtualmachineinstances",
+            ),
+            Kind::DataVolume => ("cdi.kubevirt.io", "v1beta1", "DataVolume", "datavolumes"),
+        };
+        ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: format!("{group}/{version}"),
+            kind: kind.into(),
+            plural: plural.into(),
+        }
+    }
+
+    /// `group/version/Kind`, for messages.
+    pub fn gvk(self) -> String {
+        let r = self.resource();
+        format!("{}/{}", r.api_version, r.kind)
+    }
+}
+
+/// Stores of the optional kinds; `None` while the API is not installed (or not yet listed).
+#[derive(Default)]
+pub struct Optional {
+    stores: RwLock<[Option<Store<DynamicObject>>; 3]>,
+}
+
+impl Optional {
+    fn idx(k: Kind) -> usize {
+        Kind::ALL.iter().position(|x| *x == k).unwrap_or(0)
+    }
+
+    /// The store once its initial list is complete.
+    pub fn store(&self, k: Kind) -> Option<Store<DynamicObject>> {
+        let s = self.stores.read().unwrap_or_else(|e| e.into_inner())[Self::idx(k)].clone()?;
+        use futures::FutureExt;
+        matches!(s.wait_until_ready().now_or_never(), Some(Ok(()))).then_some(s)
+    }
+
+    fn started(&self, k: Kind) -> bool {
+        self.stores.read().unwrap_or_else(|e| e.into_inner())[Self::idx(k)].is_some()
+    }
+
+    fn set(&self, k: Kind, s: Store<DynamicObject>) {
+        self.stores.write().unwrap_or_else(|e| e.into_inner())[Self::idx(k)] = Some(s);
+    }
+}
+
+async fn installed(client: &Client, k: Kind) -> bool {
+    let r = k.resource();
+    match client.list_api_group_resources(&r.api_version).await {
+        Ok(list) => list.resources.iter().any(|x| x.name == r.plural),
+        Err(_) => false,
+    }
+}
+
+/// Runs discovery until `shutdown`; every event of a watched kind, and the end of its initial
+/// list, is sent to `events` as `(kind, object or None for "API appeared")`.
+pub async fn run(
+    client: Client,
+    namespace: Option<String>,
+    optional: Arc<Optional>,
+    events: UnboundedSender<(Kind, Option<DynamicObject>)>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        for k in Kind::ALL {
+            if optional.started(k) || !installed(&client, k).await {
+                continue;
+            }
+            tracing::info!(api = %k.gvk(), "optional API installed; starting its watch");
+            let ar = k.resource();
+            let api: Api<DynamicObject> = match &namespace {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+                None => Api::all_with(client.clone(), &ar),
+            };
+            let writer = reflector::store::Writer::new(ar.clone());
+            optional.set(k, writer.as_reader());
+            let tx = events.clone();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                let tx2 = tx.clone();
+                let stream = watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .inspect(move |ev| {
+                        if matches!(ev, Ok(watcher::Event::InitDone)) {
+                            let _ = tx2.send((k, None));
+                        }
+                    })
+                    .reflect(writer)
+                    .touched_objects();
+                futures::pin_mut!(stream);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        ev = stream.next() => match ev {
+                            Some(Ok(obj)) => { let _ = tx.send((k, Some(obj))); }
+                            Some(Err(e)) => tracing::debug!(api = %k.gvk(), error = %e, "watch error"),
+                            None => return,
+                        }
+                    }
+                }
+            });
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(DISCOVERY_PERIOD) => {}
+        }
+    }
+}
