@@ -1033,6 +1033,98 @@ async fn manager_runs_as_the_shipped_identity() {
     }
 }
 
+/// The feature a `ucm` flag belongs to (None: the runtime's own flags, always present).
+fn flag_owner(flag: &str) -> Option<&'static str> {
+    let prefixes = [
+        ("--enable-exporter", "exporter"),
+        ("--enable-snapshot", "snapshot"),
+        ("--enable-vmexport", "vmexport"),
+        ("--exporter-", "exporter"),
+        ("--export-", "vmexport"),
+        ("--snapshot-", "snapshot"),
+    ];
+    prefixes
+        .iter()
+        .find(|(p, _)| flag.starts_with(p))
+        .map(|(_, f)| *f)
+}
+
+/// Whether `help` (clap's `--help` text) documents `flag` exactly (not as a prefix of another).
+fn documents(help: &str, flag: &str) -> bool {
+    help.match_indices(flag).any(|(i, _)| {
+        !help[i + flag.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-')
+    })
+}
+
+/// Every subcommand and flag the shipped manifests pass to `ucm` exists, so a renamed flag cannot
+/// ship a manager or agent that exits 2 at start. Flags of features not yet registered are listed,
+/// not checked.
+#[test]
+#[ignore = "e2e: needs e2e/bin/kubectl and e2e/bin/helm (make cluster)"]
+fn manifest_flags_exist() {
+    let (ok, out) = helm_template(
+        "ucm",
+        "ucm-system",
+        &[
+            "vmexport.externalHost=proxy.example.com".to_string(),
+            "exporter.signingKeySecret=key".to_string(),
+            "manager.watchNamespace=team-a".to_string(),
+        ],
+    );
+    assert!(ok, "{out}");
+    let mut renders = vec![("helm", parse_docs(&out))];
+    for target in [
+        "default",
+        "overlays/exporter",
+        "overlays/snapshot",
+        "overlays/vmexport",
+    ] {
+        renders.push((target, kustomize(&root().join("config").join(target))));
+    }
+    let features = registered();
+    let agents: BTreeMap<&str, &str> =
+        [("router", "exporter"), ("snapshot-agent", "snapshot")].into();
+    let mut missing = vec![];
+    let mut unchecked = BTreeSet::new();
+    for (what, docs) in renders {
+        for w in docs
+            .iter()
+            .filter(|d| matches!(kind(d), "Deployment" | "DaemonSet"))
+        {
+            for c in w["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .unwrap()
+            {
+                let args = strs(&c["args"]);
+                let sub = args[0].as_str();
+                let owner = agents.get(sub).copied();
+                if owner.is_some_and(|f| !features.contains(&f)) {
+                    unchecked.insert(format!("ucm {sub}"));
+                    continue;
+                }
+                let (ok, help) = run(Command::new(ucm_bin()).args([sub, "--help"]));
+                assert!(ok, "{what}: `ucm {sub}` does not exist:\n{help}");
+                for a in args.iter().skip(1) {
+                    let flag = a.split('=').next().unwrap();
+                    match flag_owner(flag) {
+                        Some(f) if !features.contains(&f) => {
+                            unchecked.insert(flag.to_string());
+                        }
+                        _ if !documents(&help, flag) => {
+                            missing.push(format!("{what}: ucm {sub} {flag}"))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    if !unchecked.is_empty() {
+        println!("note: not yet registered, so not checked: {unchecked:?}");
+    }
+    assert!(missing.is_empty(), "flags ucm does not know: {missing:?}");
+}
+
 /// A kubeconfig for the same cluster as `admin`, authenticated with `token`.
 fn token_kubeconfig(admin: &Path, token: &str, dir: &Path) -> PathBuf {
     let mut kc: Value = serde_yaml::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
@@ -1054,6 +1146,18 @@ fn relative_paths_climb_to_the_common_ancestor() {
     std::fs::create_dir_all(&a).unwrap();
     std::fs::create_dir_all(&c).unwrap();
     assert_eq!(relative(&a, &c), PathBuf::from("../../c"));
+}
+
+#[test]
+fn flags_are_matched_whole() {
+    let help = "  --leader-elect[=<BOOL>]\n  --leader-elect-lease-duration <DURATION>\n";
+    assert!(documents(help, "--leader-elect"));
+    assert!(documents(help, "--leader-elect-lease-duration"));
+    assert!(!documents(help, "--leader-elect-renew-deadline"));
+    assert!(!documents(help, "--leader"));
+    assert_eq!(flag_owner("--export-server-image"), Some("vmexport"));
+    assert_eq!(flag_owner("--exporter-grpc-endpoint"), Some("exporter"));
+    assert_eq!(flag_owner("--log-format"), None);
 }
 
 #[test]
