@@ -1069,6 +1069,7 @@ fn manifest_flags_exist() {
             "vmexport.externalHost=proxy.example.com".to_string(),
             "exporter.signingKeySecret=key".to_string(),
             "manager.watchNamespace=team-a".to_string(),
+            "snapshot.agent.pools=pools: {}".to_string(),
         ],
     );
     assert!(ok, "{out}");
