@@ -473,8 +473,8 @@ impl KustomizeInstall {
         std::fs::write(
             dir.path().join("kustomization.yaml"),
             format!(
-                r#"namespace: {ns}
-nameSuffix: -{suffix}
+                r#"namespace: "{ns}"
+nameSuffix: "-{suffix}"
 resources:
 - {base}
 patches:
