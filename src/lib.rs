@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod conditions;
+pub mod exporter;
 pub mod runtime;
 
 use runtime::Feature;
