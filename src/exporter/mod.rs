@@ -1,7 +1,11 @@
 //! The `exporter` feature: Jumpstarter Exporter, Lease and Client reconcilers
 //! (`jumpstarter.dev/v1alpha1`). See `../shared/spec/exporter.md`.
 
+pub mod cond;
+pub mod godur;
 pub mod schema;
+pub mod selector;
+pub mod token;
 pub mod types;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
