@@ -3,6 +3,7 @@
 
 pub mod exporter_status;
 pub mod godur;
+pub mod lease_logic;
 pub mod schema;
 pub mod selector;
 pub mod token;
