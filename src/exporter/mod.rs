@@ -1,6 +1,7 @@
 //! The `exporter` feature: Jumpstarter Exporter, Lease and Client reconcilers
 //! (`jumpstarter.dev/v1alpha1`). See `../shared/spec/exporter.md`.
 
+pub mod client_status;
 pub mod exporter_status;
 pub mod godur;
 pub mod lease_logic;
