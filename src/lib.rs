@@ -10,4 +10,4 @@ use runtime::Feature;
 
 /// The feature registry: one line per feature. Everything else (flags, CRDs, RBAC, readiness,
 /// agent subcommands) is derived from it.
-pub static FEATURES: &[&Feature] = &[];
+pub static FEATURES: &[&Feature] = &[&exporter::FEATURE];

@@ -404,6 +404,22 @@ pub fn is_ready(exporter: &Exporter) -> bool {
     status_ok && !owes_after_lease(status)
 }
 
+/// Rule 5.4.3: the chosen exporter, read fresh just before the write, must still be ready.
+/// Returns the Pending decision that replaces the assignment when it is not.
+pub fn gate_on_fresh(exporter: &Exporter) -> Option<Assignment> {
+    if is_ready(exporter) {
+        return None;
+    }
+    let mut message =
+        "There are 1 online exporters, but none are ready (still cleaning up previous lease)"
+            .to_string();
+    message.push_str(&gate_suffix(std::iter::once(exporter)));
+    Some(Assignment::Pending {
+        reason: "NotReady",
+        message,
+    })
+}
+
 /// `; afterLease hook owed for lease <lease> by exporter <exporter> (and K more)` for the
 /// gated exporters, first by name; empty when none is gated.
 fn gate_suffix<'a>(exporters: impl Iterator<Item = &'a Exporter>) -> String {

@@ -835,3 +835,16 @@ fn active_and_held_lease_selection() {
     assert!(!several);
     assert!(held_lease("c", &leases).0.is_none());
 }
+
+#[test]
+fn fresh_gate_replaces_a_stale_assignment() {
+    assert_eq!(gate_on_fresh(&online("a", &[])), None);
+    let (t, r, m) = reason_of(gate_on_fresh(&owing(online("a", &[]), "prev")).unwrap());
+    assert_eq!((t, r), (PENDING, "NotReady"));
+    assert!(
+        m.ends_with("; afterLease hook owed for lease prev by exporter a"),
+        "{m}"
+    );
+    let busy = with_status(online("a", &[]), ExporterStatusValue::LeaseReady);
+    assert_eq!(reason_of(gate_on_fresh(&busy).unwrap()).1, "NotReady");
+}
