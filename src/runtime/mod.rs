@@ -127,9 +127,24 @@ impl Runtime {
         self.publish_synced();
         let rt = self.clone();
         tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
-                rt.unsynced.lock().expect("lock").remove(name);
-                rt.publish_synced();
+            // The store's readiness signal wakes only its most recent poller (a oneshot inside
+            // kube-runtime's DelayedInit), and the Controller polls it too: poll again
+            // periodically instead of waiting for a wake-up that may never come.
+            loop {
+                match tokio::time::timeout(
+                    std::time::Duration::from_millis(200),
+                    store.wait_until_ready(),
+                )
+                .await
+                {
+                    Ok(Ok(())) => {
+                        rt.unsynced.lock().expect("lock").remove(name);
+                        rt.publish_synced();
+                        return;
+                    }
+                    Ok(Err(_)) => return,
+                    Err(_) => continue,
+                }
             }
         });
     }
