@@ -97,7 +97,9 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         std::env::var("GRPC_ENDPOINT").ok(),
         std::env::var("CONTROLLER_KEY").ok(),
     )?;
-    let key = signing::load(&rt, &settings.key_source).await?;
+    let Some(key) = signing::load(&rt, &settings.key_source).await? else {
+        return Ok(()); // shutdown before the generated key appeared
+    };
 
     let acquisitions = IntCounterVec::new(
         Opts::new(

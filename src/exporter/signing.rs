@@ -27,11 +27,30 @@ fn key_from_secret(secret: &Secret, name: &str) -> Result<SigningKey, String> {
 }
 
 /// Resolves the key. A configured source that cannot be read is an error (the feature reports
-/// it as not ready). The generated Secret is awaited until the leader has created it.
-pub async fn load(rt: &Runtime, source: &KeySource) -> Result<SigningKey, String> {
+/// it as not ready). The generated Secret is awaited until the leader has created it; `None`
+/// means shutdown came first.
+pub async fn load(rt: &Runtime, source: &KeySource) -> Result<Option<SigningKey>, String> {
+    load_inner(rt, source).await.map(Some).or_else(|e| match e {
+        Stop::Shutdown => Ok(None),
+        Stop::Failed(msg) => Err(msg),
+    })
+}
+
+enum Stop {
+    Shutdown,
+    Failed(String),
+}
+
+impl From<String> for Stop {
+    fn from(msg: String) -> Self {
+        Stop::Failed(msg)
+    }
+}
+
+async fn load_inner(rt: &Runtime, source: &KeySource) -> Result<SigningKey, Stop> {
     let secrets: Api<Secret> = rt.own_namespace();
     match source {
-        KeySource::Seed(seed) => SigningKey::from_seed(seed).map_err(|e| e.to_string()),
+        KeySource::Seed(seed) => Ok(SigningKey::from_seed(seed).map_err(|e| e.to_string())?),
         KeySource::Secret(name) => {
             let secret = secrets
                 .get_opt(name)
@@ -43,7 +62,7 @@ pub async fn load(rt: &Runtime, source: &KeySource) -> Result<SigningKey, String
                         rt.config.manager_namespace
                     )
                 })?;
-            key_from_secret(&secret, name)
+            Ok(key_from_secret(&secret, name)?)
         }
         KeySource::Generated => loop {
             if let Some(secret) = secrets
@@ -51,7 +70,7 @@ pub async fn load(rt: &Runtime, source: &KeySource) -> Result<SigningKey, String
                 .await
                 .map_err(|e| format!("cannot read Secret {GENERATED_KEY_SECRET}: {e}"))?
             {
-                return key_from_secret(&secret, GENERATED_KEY_SECRET);
+                return Ok(key_from_secret(&secret, GENERATED_KEY_SECRET)?);
             }
             if rt.leadership.is_leader() {
                 let key = SigningKey::generate();
@@ -82,12 +101,14 @@ pub async fn load(rt: &Runtime, source: &KeySource) -> Result<SigningKey, String
                         continue;
                     }
                     Err(e) => {
-                        return Err(format!("cannot create Secret {GENERATED_KEY_SECRET}: {e}"));
+                        return Err(
+                            format!("cannot create Secret {GENERATED_KEY_SECRET}: {e}").into()
+                        );
                     }
                 }
             }
             tokio::select! {
-                _ = rt.shutdown.cancelled() => return Err("shutting down".into()),
+                _ = rt.shutdown.cancelled() => return Err(Stop::Shutdown),
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}
             }
         },
