@@ -386,6 +386,15 @@ async fn lease_is_assigned_released_and_labelled() {
         (ready.status.as_str(), ready.reason.as_str()),
         ("True", "Ready")
     );
+    let metrics = m.metrics().await;
+    assert!(
+        metrics.contains("ucm_exporter_exporters{status=\"Available\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("ucm_exporter_exporters_online{online=\"true\"} 1"),
+        "{metrics}"
+    );
 
     // A second lease for the same exporter waits: NotAvailable.
     create(
@@ -535,4 +544,139 @@ async fn client_gets_a_credential() {
     let s = c.status.unwrap();
     assert_eq!(s.credential.unwrap().name, "c1-client");
     assert_eq!(s.endpoint.as_deref(), Some("localhost:8082"));
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn lease_hooks_record_and_gate() {
+    let env = TestEnv::new("exp-hooks").await;
+    let m = manager(&env, &["--exporter-offline-threshold=1h"]);
+    m.wait_ready().await;
+    let exporters: Api<Exporter> = Api::namespaced(env.client.clone(), &env.ns);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    create(
+        &env.client,
+        &env.ns,
+        exporter_manifest("e1", json!({"board": "rpi"})),
+    )
+    .await;
+    report_available(&exporters, "e1").await;
+    // What a declaring Register writes.
+    exporters
+        .patch_status(
+            "e1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"recordsLeaseHooks": true}})),
+        )
+        .await
+        .unwrap();
+    let lease = |name: &str| {
+        json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Lease", "metadata": {"name": name},
+               "spec": {"clientRef": {"name": "c1"}, "duration": "1h", "selector": {"matchLabels": {"board": "rpi"}}}})
+    };
+    create(&env.client, &env.ns, lease("l1")).await;
+    eventually(TIMEOUT, "the record for l1", || async {
+        exporters
+            .get("e1")
+            .await
+            .ok()
+            .and_then(|e| e.status)
+            .and_then(|s| s.lease_hooks)
+            .is_some_and(|r| {
+                r.lease_ref.is_some_and(|l| l.name == "l1")
+                    && r.client_name.as_deref() == Some("c1")
+            })
+    })
+    .await;
+    let l1_uid = leases.get("l1").await.unwrap().uid();
+    let record = exporters
+        .get("e1")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .lease_hooks
+        .unwrap();
+    assert_eq!(record.lease_uid, l1_uid);
+    assert!(record.before_lease.is_none() && record.after_lease.is_none());
+
+    // The exporter starts afterLease (as ReportStatus records it), the lease ends, and the
+    // exporter claims to be Available: the next lease must wait for the hook.
+    exporters
+        .patch_status(
+            "e1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"leaseHooks": {"afterLease": {"phase": "Running", "attempts": 1}}}})),
+        )
+        .await
+        .unwrap();
+    leases
+        .patch(
+            "l1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"release": true}})),
+        )
+        .await
+        .unwrap();
+    eventually(TIMEOUT, "leaseRef cleared, record kept", || async {
+        exporters
+            .get("e1")
+            .await
+            .ok()
+            .and_then(|e| e.status)
+            .is_some_and(|s| {
+                s.lease_ref.is_none()
+                    && s.lease_hooks
+                        .is_some_and(|r| r.lease_ref.is_some_and(|l| l.name == "l1"))
+            })
+    })
+    .await;
+    create(&env.client, &env.ns, lease("l2")).await;
+    eventually(TIMEOUT, "Pending/NotReady naming the owed hook", || async {
+        leases
+            .get("l2")
+            .await
+            .ok()
+            .and_then(|l| l.status)
+            .and_then(|s| s.conditions)
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_ == "Pending"
+                        && c.reason == "NotReady"
+                        && c.message
+                            .ends_with("; afterLease hook owed for lease l1 by exporter e1")
+                })
+            })
+    })
+    .await;
+    // The hook finishes: l2 is assigned right away and gets a fresh record.
+    exporters
+        .patch_status(
+            "e1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"leaseHooks": {"afterLease": {"phase": "Succeeded", "attempts": 1}}}})),
+        )
+        .await
+        .unwrap();
+    eventually(TIMEOUT, "l2 to be acquired", || async {
+        leases
+            .get("l2")
+            .await
+            .ok()
+            .and_then(|l| l.status)
+            .and_then(|s| s.exporter_ref)
+            .is_some_and(|r| r.name == "e1")
+    })
+    .await;
+    let l2_uid = leases.get("l2").await.unwrap().uid();
+    eventually(TIMEOUT, "the record to follow l2", || async {
+        exporters
+            .get("e1")
+            .await
+            .ok()
+            .and_then(|e| e.status)
+            .and_then(|s| s.lease_hooks)
+            .is_some_and(|r| r.lease_uid == l2_uid && r.after_lease.is_none())
+    })
+    .await;
 }

@@ -8,6 +8,7 @@ pub mod client_status;
 pub mod exporter_status;
 pub mod godur;
 pub mod lease_logic;
+pub mod metrics;
 pub mod reconcile;
 pub mod schema;
 pub mod selector;
@@ -26,7 +27,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use prometheus::{IntCounterVec, Opts};
 
 use crate::runtime::controller::{Guarded, run};
 use crate::runtime::{Feature, Runtime, Trigger};
@@ -101,20 +101,9 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         return Ok(()); // shutdown before the generated key appeared
     };
 
-    let acquisitions = IntCounterVec::new(
-        Opts::new(
-            "jumpstarter_lease_acquisitions_total",
-            "Lease acquisition attempts that reached a final result",
-        ),
-        &["result"],
-    )
-    .expect("valid metric");
-    for result in ["success", "failure"] {
-        acquisitions.with_label_values(&[result]);
-    }
-    rt.metrics
-        .registry
-        .register(Box::new(acquisitions.clone()))
+    let metrics = metrics::Metrics::new();
+    metrics
+        .register(&rt.metrics.registry)
         .map_err(|e| format!("cannot register exporter metrics: {e}"))?;
 
     let ctx = Arc::new(reconcile::Ctx {
@@ -122,7 +111,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         client: rt.client.clone(),
         settings,
         key,
-        acquisitions,
+        metrics,
     });
 
     // Exporter: its own changes (status included: the gRPC service writes it), owned Secrets,
@@ -159,6 +148,10 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
                     .map(move |name| ObjectRef::<Guarded<Exporter>>::new(&name).within(&ns))
             },
         );
+    rt.metrics
+        .registry
+        .register(Box::new(metrics::ExporterGauges::new(exporter_ctl.store())))
+        .map_err(|e| format!("cannot register exporter gauges: {e}"))?;
 
     // Lease: every change (ended ones cost a read-only pass), plus pending leases that an
     // Exporter change may satisfy.

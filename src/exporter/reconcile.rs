@@ -12,7 +12,6 @@ use kube::api::{ListParams, ObjectMeta, Patch};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
-use prometheus::IntCounterVec;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use tracing::{info, warn};
@@ -31,8 +30,7 @@ pub struct Ctx {
     pub client: kube::Client,
     pub settings: Settings,
     pub key: SigningKey,
-    /// `jumpstarter_lease_acquisitions_total{result}`.
-    pub acquisitions: IntCounterVec,
+    pub metrics: super::metrics::Metrics,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,29 +60,41 @@ impl ReconcileError for Error {
     }
 }
 
-/// A merge patch turning `observed` into `desired` at the top level of `status`: changed or new
-/// fields carry the desired value (lists and objects whole), removed fields carry null.
+/// An RFC 7386 merge patch turning `observed` into `desired` status: changed fields carry the
+/// desired value, removed fields (at any depth) carry null, lists are replaced whole.
 pub fn status_merge_patch<S: Serialize>(observed: Option<&S>, desired: &S) -> Option<Value> {
-    let to_map = |v: Value| match v {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    };
-    let old = to_map(
-        observed
-            .map(|o| serde_json::to_value(o).unwrap_or(Value::Null))
-            .unwrap_or(Value::Null),
-    );
-    let new = to_map(serde_json::to_value(desired).unwrap_or(Value::Null));
-    let mut patch = Map::new();
-    for (k, v) in &new {
-        if old.get(k) != Some(v) {
-            patch.insert(k.clone(), v.clone());
+    let old = observed.map_or(Value::Object(Map::new()), |o| {
+        serde_json::to_value(o).unwrap_or(Value::Null)
+    });
+    let new = serde_json::to_value(desired).unwrap_or(Value::Null);
+    merge_diff(&old, &new)
+}
+
+fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut patch = Map::new();
+            for (k, v) in n {
+                match o.get(k) {
+                    Some(ov) if ov == v => {}
+                    Some(ov) => {
+                        if let Some(d) = merge_diff(ov, v) {
+                            patch.insert(k.clone(), d);
+                        }
+                    }
+                    None => {
+                        patch.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            for k in o.keys().filter(|k| !n.contains_key(*k)) {
+                patch.insert(k.clone(), Value::Null);
+            }
+            (!patch.is_empty()).then_some(Value::Object(patch))
         }
+        _ if old == new => None,
+        _ => Some(new.clone()),
     }
-    for k in old.keys().filter(|k| !new.contains_key(*k)) {
-        patch.insert(k.clone(), Value::Null);
-    }
-    (!patch.is_empty()).then_some(Value::Object(patch))
 }
 
 fn controller_ref<K: Resource<DynamicType = ()>>(obj: &K) -> Option<OwnerReference> {
@@ -277,6 +287,10 @@ pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Resul
         ctx.writer
             .merge_status_fenced(&api, &name, &rv, &patch)
             .await?;
+        ctx.metrics
+            .status_writes
+            .with_label_values(&["reconcile"])
+            .inc();
         events.extend(exporter_status::transition_events(
             &name,
             exporter.status.as_ref(),
@@ -388,14 +402,20 @@ pub async fn reconcile_lease(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action,
             .await?;
         if let Some(exporter) = &out.assigned {
             info!(lease = %name, exporter = %exporter, "lease acquired");
-            ctx.acquisitions.with_label_values(&["success"]).inc();
+            ctx.metrics
+                .acquisitions
+                .with_label_values(&["success"])
+                .inc();
         }
         let now_unsatisfiable = conditions::is_true(
             out.status.conditions.as_deref().unwrap_or_default(),
             UNSATISFIABLE,
         );
         if !prior_unsatisfiable && now_unsatisfiable {
-            ctx.acquisitions.with_label_values(&["failure"]).inc();
+            ctx.metrics
+                .acquisitions
+                .with_label_values(&["failure"])
+                .inc();
         }
     }
 
@@ -442,6 +462,17 @@ mod tests {
         let new = json!({"a": 1, "b": {"x": 2}, "added": [1]});
         let p = status_merge_patch(Some(&old), &new).unwrap();
         assert_eq!(p, json!({"b": {"x": 2}, "added": [1], "gone": null}));
+        // Nested removals are explicit too (a merge patch merges objects).
+        let old = json!({"rec": {"lease": "l1", "after": {"phase": "Succeeded"}}, "list": [1, 2]});
+        let new = json!({"rec": {"lease": "l2"}, "list": [1]});
+        let p = status_merge_patch(Some(&old), &new).unwrap();
+        assert_eq!(
+            p,
+            json!({"rec": {"lease": "l2", "after": null}, "list": [1]})
+        );
+        let mut applied = old.clone();
+        json_patch::merge(&mut applied, &p);
+        assert_eq!(applied, new);
         assert_eq!(status_merge_patch(Some(&new), &new), None);
         assert_eq!(
             status_merge_patch(None::<&Value>, &json!({"a": 1})),
