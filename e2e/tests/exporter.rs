@@ -680,3 +680,226 @@ async fn lease_hooks_record_and_gate() {
     })
     .await;
 }
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn generated_key_is_shared_and_a_new_seed_remints() {
+    let env = TestEnv::new("exp-key").await;
+    let exporters: Api<Exporter> = Api::namespaced(env.client.clone(), &env.ns);
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
+    let token_of = |s: Secret| String::from_utf8(s.data.unwrap()["token"].0.clone()).unwrap();
+
+    // Neither CONTROLLER_KEY nor a key Secret: the leader generates ucm-exporter-signing-key.
+    let plain = |lease: &str| {
+        Manager::start(
+            ManagerOpts::new(&env.kubeconfig, &env.ns)
+                .only("exporter")
+                .args([
+                    "--leader-elect".to_string(),
+                    format!("--leader-election-id={lease}"),
+                ]),
+        )
+    };
+    let id = unique("ucm-key");
+    let mut a = plain(&id);
+    a.wait_ready().await;
+    create(&env.client, &env.ns, exporter_manifest("e1", json!({}))).await;
+    eventually(TIMEOUT, "the generated key and a token", || async {
+        secrets
+            .get_opt("ucm-exporter-signing-key")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+            && secrets
+                .get_opt("e1-exporter")
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+    })
+    .await;
+    let pem_secret = secrets.get("ucm-exporter-signing-key").await.unwrap();
+    let pem = String::from_utf8(pem_secret.data.clone().unwrap()["key.pem"].0.clone()).unwrap();
+    let generated = SigningKey::from_pkcs8_pem(&pem).unwrap();
+    let first = token_of(secrets.get("e1-exporter").await.unwrap());
+    token::verify(&generated, &first, Timestamp::now()).expect("signed with the generated key");
+
+    // A second process (after a hand-over) uses the same key: the token is kept.
+    a.signal("TERM");
+    a.wait_exit(Duration::from_secs(30));
+    let b = plain(&id);
+    b.wait_ready().await;
+    // Poke the exporter so the new leader reconciles it.
+    exporters
+        .patch(
+            "e1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        secrets
+            .get("ucm-exporter-signing-key")
+            .await
+            .unwrap()
+            .resource_version(),
+        pem_secret.resource_version()
+    );
+    assert_eq!(
+        token_of(secrets.get("e1-exporter").await.unwrap()),
+        first,
+        "same key, token kept"
+    );
+    drop(b);
+
+    // A seed replaces the key: the token is re-minted in the first pass.
+    let c = manager(&env, &[]);
+    c.wait_ready().await;
+    let seed_key = SigningKey::from_seed(SEED).unwrap();
+    eventually(
+        TIMEOUT,
+        "the token re-minted with the seed's key",
+        || async {
+            secrets
+                .get("e1-exporter")
+                .await
+                .ok()
+                .is_some_and(|s| token::verify(&seed_key, &token_of(s), Timestamp::now()).is_ok())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn bad_leases_end_with_a_condition_and_others_keep_going() {
+    let env = TestEnv::new("exp-bad").await;
+    let m = manager(&env, &["--exporter-offline-threshold=1h"]);
+    m.wait_ready().await;
+    let exporters: Api<Exporter> = Api::namespaced(env.client.clone(), &env.ns);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    create(
+        &env.client,
+        &env.ns,
+        exporter_manifest("e1", json!({"board": "rpi"})),
+    )
+    .await;
+    report_available(&exporters, "e1").await;
+    let mk = |name: &str, spec: serde_json::Value| json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Lease", "metadata": {"name": name}, "spec": spec});
+    create(
+        &env.client,
+        &env.ns,
+        mk(
+            "bad-duration",
+            json!({"clientRef": {"name": "c"}, "duration": "forever",
+        "selector": {"matchLabels": {"board": "rpi"}}}),
+        ),
+    )
+    .await;
+    create(
+        &env.client,
+        &env.ns,
+        mk(
+            "bad-selector",
+            json!({"clientRef": {"name": "c"}, "duration": "1h",
+        "selector": {"matchExpressions": [{"key": "board", "operator": "Bogus"}]}}),
+        ),
+    )
+    .await;
+    create(
+        &env.client,
+        &env.ns,
+        mk(
+            "disabled-pin",
+            json!({"clientRef": {"name": "c"}, "duration": "1h",
+        "exporterRef": {"name": "e1"}, "selector": {"matchLabels": {"board": "qemu"}}}),
+        ),
+    )
+    .await;
+    // A scheduled lease: waits for beginTime, then runs until spec.endTime.
+    // Whole seconds: metav1.Time stores no fraction.
+    let begin = Timestamp::from_second(Timestamp::now().as_second() + 4).unwrap();
+    let fmt = |t: Timestamp| jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", t).unwrap();
+    create(
+        &env.client,
+        &env.ns,
+        mk(
+            "scheduled",
+            json!({"clientRef": {"name": "c"},
+        "beginTime": fmt(begin), "endTime": fmt(begin + jiff::SignedDuration::from_secs(4)),
+        "selector": {"matchLabels": {"board": "rpi"}}}),
+        ),
+    )
+    .await;
+
+    let cond = |l: &Lease, t: &str| {
+        l.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == t).cloned())
+    };
+    for (name, type_, reason) in [
+        ("bad-duration", "Invalid", "InvalidDuration"),
+        ("bad-selector", "Invalid", "InvalidSelector"),
+        ("disabled-pin", "Unsatisfiable", "SelectorMismatch"),
+    ] {
+        eventually(TIMEOUT, &format!("{name} to end with {reason}"), || async {
+            leases.get(name).await.ok().is_some_and(|l| {
+                l.status.as_ref().is_some_and(|s| s.ended)
+                    && cond(&l, type_).is_some_and(|c| c.reason == reason)
+            })
+        })
+        .await;
+    }
+    // Not assigned before its begin time.
+    let early = leases.get("scheduled").await.unwrap();
+    assert!(early.status.and_then(|s| s.exporter_ref).is_none() || Timestamp::now() >= begin);
+    eventually(TIMEOUT, "the scheduled lease to start", || async {
+        leases
+            .get("scheduled")
+            .await
+            .ok()
+            .and_then(|l| l.status)
+            .and_then(|s| s.begin_time)
+            .is_some()
+    })
+    .await;
+    let started = leases
+        .get("scheduled")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .begin_time
+        .unwrap()
+        .0;
+    assert!(started >= begin, "started at {started}, before {begin}");
+    eventually(
+        Duration::from_secs(20),
+        "the scheduled lease to expire at endTime",
+        || async {
+            leases
+                .get("scheduled")
+                .await
+                .ok()
+                .is_some_and(|l| cond(&l, "Ready").is_some_and(|c| c.reason == "Expired"))
+        },
+    )
+    .await;
+    let ended = leases
+        .get("scheduled")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .end_time
+        .unwrap()
+        .0;
+    assert!(
+        ended.duration_since(begin + jiff::SignedDuration::from_secs(4))
+            <= jiff::SignedDuration::from_secs(2)
+    );
+}
