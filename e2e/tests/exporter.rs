@@ -267,6 +267,53 @@ async fn exporter_credential_status_and_liveness() {
         "Offline at {offline_at}, stale at {stale_at}"
     );
 
+    // A15: events for the persisted transitions, from the reconciler.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(env.client.clone(), &env.ns);
+    let reasons = || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("e1"))
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect::<Vec<_>>()
+    };
+    eventually(TIMEOUT, "the exporter events", || async {
+        let r = reasons().await;
+        [
+            "CredentialCreated",
+            "ExporterRegistered",
+            "ExporterOnline",
+            "ExporterOffline",
+        ]
+        .iter()
+        .all(|want| r.iter().any(|(reason, _)| reason == want))
+    })
+    .await;
+    let r = reasons().await;
+    assert!(
+        r.contains(&(
+            "CredentialCreated".into(),
+            "Credential secret created for exporter: secret=e1-exporter".into()
+        )),
+        "{r:?}"
+    );
+    assert!(
+        r.contains(&(
+            "ExporterRegistered".into(),
+            "Exporter registered its capabilities: deviceCount=0".into()
+        )),
+        "{r:?}"
+    );
+    assert!(
+        r.iter().any(|(reason, note)| reason == "ExporterOffline"
+            && note.starts_with("Exporter went offline (connection lost): exporter=e1")),
+        "{r:?}"
+    );
+
     // A4: a token signed by another key is replaced.
     let (foreign, _) = token::mint(
         &SigningKey::from_seed("other").unwrap(),
