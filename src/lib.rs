@@ -5,9 +5,10 @@ pub mod cli;
 pub mod conditions;
 pub mod exporter;
 pub mod runtime;
+pub mod snapshot;
 
 use runtime::Feature;
 
 /// The feature registry: one line per feature. Everything else (flags, CRDs, RBAC, readiness,
 /// agent subcommands) is derived from it.
-pub static FEATURES: &[&Feature] = &[&exporter::FEATURE];
+pub static FEATURES: &[&Feature] = &[&snapshot::FEATURE, &exporter::FEATURE];

@@ -80,8 +80,14 @@ impl Runtime {
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
         let (reader, writer) = reflector::store();
+        let synced = self.track_synced(name);
         let stream = watcher(api, cfg)
             .default_backoff()
+            .inspect(move |ev| {
+                if matches!(ev, Ok(watcher::Event::InitDone)) {
+                    synced();
+                }
+            })
             .reflect(writer)
             .applied_objects();
         let stream = match trigger {
@@ -93,11 +99,41 @@ impl Runtime {
                 .boxed(),
             Trigger::AnyChange => stream.boxed(),
         };
-        self.track_synced(name, reader.clone());
         Controller::for_stream(stream, reader)
             .with_config(Config::default().concurrency(self.config.max_concurrent_reconciles))
             .reconcile_all_on(self.leadership.acquisitions())
             .graceful_shutdown_on(self.shutdown.clone().cancelled_owned())
+    }
+}
+
+impl Runtime {
+    /// A secondary watch for `Controller::watches_stream`/`owns_stream` or a mapper's lookups:
+    /// watcher with backoff, reflected into a store, counted in `informers-synced`, yielding
+    /// every touched object.
+    pub fn reflect<K>(
+        &self,
+        name: &'static str,
+        api: Api<K>,
+        cfg: watcher::Config,
+    ) -> (
+        reflector::Store<K>,
+        impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    )
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let (reader, writer) = reflector::store();
+        let synced = self.track_synced(name);
+        let stream = watcher(api, cfg)
+            .default_backoff()
+            .inspect(move |ev| {
+                if matches!(ev, Ok(watcher::Event::InitDone)) {
+                    synced();
+                }
+            })
+            .reflect(writer)
+            .touched_objects();
+        (reader, stream)
     }
 }
 

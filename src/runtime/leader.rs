@@ -403,16 +403,9 @@ impl Elector {
     async fn write(&self, mut lease: Lease, acquire: bool) -> kube::Result<Lease> {
         let old = lease.spec.take().unwrap_or_default();
         let transitions = old.lease_transitions.unwrap_or(0);
+        // client-go counts a transition whenever the previous holder was not us (released too).
         lease.spec = Some(if acquire {
-            self.spec(
-                None,
-                transitions
-                    + i32::from(
-                        old.holder_identity
-                            .as_deref()
-                            .is_some_and(|h| !h.is_empty()),
-                    ),
-            )
+            self.spec(None, transitions + 1)
         } else {
             self.spec(old.acquire_time, transitions)
         });

@@ -146,6 +146,7 @@ impl Metrics {
         self.watch_errors_total.with_label_values(&[name]);
         self.invalid_objects_total.with_label_values(&[name]);
         self.active_workers.with_label_values(&[name]);
+        self.reconcile_time_seconds.with_label_values(&[name]);
         ControllerMetrics {
             name,
             reconcile_total: self.reconcile_total.clone(),

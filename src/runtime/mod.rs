@@ -25,11 +25,10 @@ pub mod writer;
 
 use std::{
     collections::BTreeSet,
-    fmt::Debug,
     sync::{Arc, Mutex},
 };
 
-use kube::{Api, Client, Resource, core::NamespaceResourceScope, runtime::reflector::Store};
+use kube::{Api, Client, Resource, core::NamespaceResourceScope};
 use tokio_util::sync::CancellationToken;
 
 pub use controller::{ReconcileError, Trigger};
@@ -117,36 +116,18 @@ impl Runtime {
         )
     }
 
-    /// Keeps `/readyz`'s `informers-synced` check failing until `store` has its initial list.
-    pub fn track_synced<K>(&self, name: &'static str, store: Store<K>)
-    where
-        K: Resource + Clone + Send + Sync + 'static,
-        K::DynamicType: Eq + std::hash::Hash + Clone + Debug + Send + Sync,
-    {
+    /// Keeps `/readyz`'s `informers-synced` check failing until the returned callback is called
+    /// (by the watch stream, at the end of its initial list). Event-driven: kube's
+    /// `Store::wait_until_ready` wakes only its most recent waiter, which is the Controller.
+    pub fn track_synced(&self, name: &'static str) -> impl Fn() + Send + Sync + 'static {
         self.unsynced.lock().expect("lock").insert(name);
         self.publish_synced();
         let rt = self.clone();
-        tokio::spawn(async move {
-            // The store's readiness signal wakes only its most recent poller (a oneshot inside
-            // kube-runtime's DelayedInit), and the Controller polls it too: poll again
-            // periodically instead of waiting for a wake-up that may never come.
-            loop {
-                match tokio::time::timeout(
-                    std::time::Duration::from_millis(200),
-                    store.wait_until_ready(),
-                )
-                .await
-                {
-                    Ok(Ok(())) => {
-                        rt.unsynced.lock().expect("lock").remove(name);
-                        rt.publish_synced();
-                        return;
-                    }
-                    Ok(Err(_)) => return,
-                    Err(_) => continue,
-                }
+        move || {
+            if rt.unsynced.lock().expect("lock").remove(name) {
+                rt.publish_synced();
             }
-        });
+        }
     }
 
     fn publish_synced(&self) {

@@ -1,0 +1,1103 @@
+//! The manager's state table (spec §7) as one pure `decide` function.
+//!
+//! Input: the snapshot, its volume, the agents' heartbeats, whether another snapshot of the
+//! volume holds an open round, and the clock. Output: one step to write, the desired `Ready`
+//! condition, the event to emit after a successful write and the exact moment to look again.
+//! No round state lives outside the object (spec §7, rule 2).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::round::{self, RoundView, after, clock, elapsed, format_stamp, human, parse_stamp};
+use super::types::{FINALIZER_PREFIX, MiroirSnapshot, MiroirVolume, SlotState, teardown_finalizer};
+
+/// Manager timing (spec §15).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// D: a round is void this long after `suspendedAt`.
+    pub deadline: Duration,
+    /// B: the next open waits this long after a void.
+    pub void_backoff: Duration,
+    /// Lease age after which a node's agent counts as down.
+    pub agent_stale_after: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            deadline: Duration::from_secs(60),
+            void_backoff: Duration::from_secs(30),
+            agent_stale_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Everything the manager looks at for one snapshot.
+#[derive(Clone, Copy, Debug)]
+pub struct Observed<'a> {
+    pub snapshot: &'a MiroirSnapshot,
+    pub volume: Option<&'a MiroirVolume>,
+    /// Last renewal of each node's agent Lease.
+    pub heartbeats: &'a BTreeMap<String, Timestamp>,
+    /// Name of another snapshot of the same volume whose round is open.
+    pub other_round: Option<&'a str>,
+    /// The snapshot comes from an uncached read (row 8 decides only on one).
+    pub fresh: bool,
+    pub now: Timestamp,
+}
+
+/// Why a round was voided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VoidCause {
+    /// The deadline passed with a diskful leg not `Done`.
+    Expired,
+    /// A leg reported `Error`.
+    Failed,
+}
+
+/// Round results for `ucm_snapshot_rounds_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoundResult {
+    Success,
+    Expired,
+    Failed,
+}
+
+impl RoundResult {
+    pub fn label(self) -> &'static str {
+        match self {
+            RoundResult::Success => "success",
+            RoundResult::Expired => "expired",
+            RoundResult::Failed => "failed",
+        }
+    }
+}
+
+/// The one write (or non-write) the manager does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Write nothing but the Ready condition, and only if it changed.
+    Wait,
+    /// First status write: `readyToUse` and `ioSuspended` false.
+    Initialise,
+    /// Replace the finalizer list with this one (a superset of the current list).
+    SetFinalizers(Vec<String>),
+    /// Row 8 on a cached object: read the snapshot uncached, then decide again.
+    ReRead,
+    /// Row 13: open a round stamped `stamp` over these diskful nodes.
+    Open { stamp: String, diskful: Vec<String> },
+    /// Row 7: publish, keeping only the diskful slots.
+    Publish {
+        round: String,
+        size_bytes: i64,
+        source_formatted: bool,
+        slots: BTreeMap<String, SlotState>,
+    },
+    /// Rows 6 and 8: void the round `round` and re-stamp with `stamp`.
+    Void {
+        round: String,
+        cause: VoidCause,
+        stamp: String,
+        diskful: Vec<String>,
+    },
+}
+
+/// The desired `Ready` condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ready {
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Ready {
+    fn new(status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Ready {
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// An event the caller emits once the step's write succeeded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub step: Step,
+    /// None: leave the condition as it is.
+    pub ready: Option<Ready>,
+    pub event: Option<Event>,
+    pub result: Option<RoundResult>,
+    /// The exact moment something becomes due; None: wait for a watch event.
+    pub requeue_at: Option<Timestamp>,
+}
+
+impl Decision {
+    fn wait(ready: Option<Ready>, requeue_at: Option<Timestamp>) -> Self {
+        Decision {
+            step: Step::Wait,
+            ready,
+            event: None,
+            result: None,
+            requeue_at,
+        }
+    }
+}
+
+/// Condition reasons (spec §9).
+pub mod reason {
+    pub const SNAPSHOT_READY: &str = "SnapshotReady";
+    pub const VOLUME_NOT_FOUND: &str = "VolumeNotFound";
+    pub const WAITING_FOR_REPLICAS: &str = "WaitingForReplicas";
+    pub const WAITING_FOR_ROUND: &str = "WaitingForRound";
+    pub const BARRIER_RAISED: &str = "BarrierRaised";
+    pub const BARRIER_EXPIRED: &str = "BarrierExpired";
+    pub const CUT_FAILED: &str = "CutFailed";
+    pub const TEARDOWN_PENDING: &str = "TeardownPending";
+    /// Every reason the manager writes, for validation tests.
+    pub const ALL: &[&str] = &[
+        SNAPSHOT_READY,
+        VOLUME_NOT_FOUND,
+        WAITING_FOR_REPLICAS,
+        WAITING_FOR_ROUND,
+        BARRIER_RAISED,
+        BARRIER_EXPIRED,
+        CUT_FAILED,
+        TEARDOWN_PENDING,
+    ];
+}
+
+/// Event reasons the manager emits (spec §9).
+pub mod event {
+    pub const ROUND_OPENED: &str = "RoundOpened";
+    pub const ROUND_SUCCEEDED: &str = "RoundSucceeded";
+    pub const ROUND_VOIDED: &str = "RoundVoided";
+}
+
+fn list(nodes: &[String]) -> String {
+    nodes.join(", ")
+}
+
+/// Nodes named by this snapshot's teardown finalizers.
+pub fn teardown_nodes(s: &MiroirSnapshot) -> Vec<String> {
+    s.finalizers()
+        .iter()
+        .filter_map(|f| f.strip_prefix(FINALIZER_PREFIX))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The heartbeat age of `node`'s agent, None if it never renewed.
+fn heartbeat_age(o: &Observed<'_>, node: &str) -> Option<Duration> {
+    o.heartbeats.get(node).map(|t| elapsed(*t, o.now))
+}
+
+fn is_stale(o: &Observed<'_>, s: &Settings, node: &str) -> bool {
+    heartbeat_age(o, node).is_none_or(|age| age >= s.agent_stale_after)
+}
+
+/// When the first of these (currently fresh) heartbeats turns stale.
+fn next_staleness(o: &Observed<'_>, s: &Settings, nodes: &[String]) -> Option<Timestamp> {
+    nodes
+        .iter()
+        .filter(|n| !is_stale(o, s, n))
+        .filter_map(|n| o.heartbeats.get(n.as_str()))
+        .map(|t| after(*t, s.agent_stale_after))
+        .min()
+}
+
+fn stale_message(o: &Observed<'_>, node: &str) -> String {
+    match heartbeat_age(o, node) {
+        Some(age) => format!(
+            "{node}: no snapshot agent heartbeat for {}; is ucm snapshot-agent running there?",
+            human(age)
+        ),
+        None => {
+            format!("{node}: no snapshot agent heartbeat; is ucm snapshot-agent running there?")
+        }
+    }
+}
+
+/// Gate 5.7.5, read from the volume status: the first failing diskful node and why.
+fn replica_health(volume: &MiroirVolume, diskful: &[String]) -> Option<String> {
+    let per_node = volume.status.as_ref().map(|st| &st.per_node)?;
+    for n in diskful {
+        let Some(ns) = per_node.get(n) else { continue };
+        if ns.device_created == Some(false) {
+            return Some(format!("{n}: the volume's device is not created yet"));
+        }
+        if ns.split_brain == Some(true) {
+            return Some(format!(
+                "{n}: DRBD reports split brain; resolve it before this volume can be snapshotted"
+            ));
+        }
+        if volume.is_replicated()
+            && let Some(ds) = ns.disk_state.as_deref()
+            && ds != "UpToDate"
+        {
+            return Some(format!(
+                "{n}: disk state is {ds}; waiting for UpToDate (resync in progress?)"
+            ));
+        }
+    }
+    None
+}
+
+fn open_message(stamp: Timestamp, deadline: Duration, diskful: &[String]) -> String {
+    format!(
+        "round open since {} on {}; deadline {}",
+        clock(stamp),
+        list(diskful),
+        clock(after(stamp, deadline))
+    )
+}
+
+/// The manager's decision for one snapshot (spec §7; first match wins).
+pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
+    let snap = o.snapshot;
+    let r = RoundView::of(snap);
+
+    // Row 1: deleting. The agents tear down; the manager only reports a stuck teardown.
+    if snap.metadata.deletion_timestamp.is_some() {
+        let remaining = teardown_nodes(snap);
+        if let Some(dead) = remaining.iter().find(|n| is_stale(o, s, n)) {
+            let msg = format!(
+                "{} remains and the agent on {dead} is down; if the node is gone for good, delete its backend snapshot and remove the finalizer by hand",
+                teardown_finalizer(dead).trim_start_matches("miroir.home-operations.com/")
+            );
+            return Decision::wait(Some(Ready::new(false, reason::TEARDOWN_PENDING, msg)), None);
+        }
+        return Decision::wait(None, next_staleness(o, s, &remaining));
+    }
+
+    // Row 2: published snapshots never change (I13).
+    if r.ready {
+        let cut: Vec<String> = r
+            .slots
+            .iter()
+            .filter(|(_, st)| **st == SlotState::Done)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let msg = format!("cut on {}", list(&cut));
+        return Decision::wait(Some(Ready::new(true, reason::SNAPSHOT_READY, msg)), None);
+    }
+
+    // Row 3: make readyToUse and ioSuspended present before anything tests them.
+    let st = snap.status.as_ref();
+    if st.and_then(|x| x.ready_to_use).is_none() || st.and_then(|x| x.io_suspended).is_none() {
+        return Decision {
+            step: Step::Initialise,
+            ready: Some(Ready::new(
+                false,
+                reason::WAITING_FOR_REPLICAS,
+                "waiting for the first round",
+            )),
+            event: None,
+            result: None,
+            requeue_at: None,
+        };
+    }
+
+    // Row 4: the volume's own watch brings us back.
+    let Some(volume) = o.volume else {
+        let msg = format!(
+            "MiroirVolume {} not found; create it or delete this snapshot",
+            snap.spec.volume_name
+        );
+        return Decision::wait(Some(Ready::new(false, reason::VOLUME_NOT_FOUND, msg)), None);
+    };
+
+    // Row 5: a finalizer for every replica node, before any open.
+    let mut finalizers: Vec<String> = snap.finalizers().to_vec();
+    let mut missing = false;
+    for n in volume.replica_nodes() {
+        let f = teardown_finalizer(&n);
+        if !finalizers.contains(&f) {
+            finalizers.push(f);
+            missing = true;
+        }
+    }
+    if missing {
+        return Decision {
+            step: Step::SetFinalizers(finalizers),
+            ready: None,
+            event: None,
+            result: None,
+            requeue_at: None,
+        };
+    }
+
+    let diskful = volume.diskful_nodes();
+    let stamp = r.suspended_at.and_then(parse_stamp);
+
+    if r.io_suspended {
+        let round = r.suspended_at.unwrap_or_default().to_string();
+        let void =
+            |cause: VoidCause, msg: String, result: RoundResult, why: &'static str| Decision {
+                step: Step::Void {
+                    round: round.clone(),
+                    cause,
+                    stamp: format_stamp(o.now),
+                    diskful: diskful.clone(),
+                },
+                ready: Some(Ready::new(false, why, msg.clone())),
+                event: Some(Event {
+                    warning: true,
+                    reason: event::ROUND_VOIDED,
+                    note: msg,
+                }),
+                result: Some(result),
+                requeue_at: Some(after(round::truncate(o.now), s.void_backoff)),
+            };
+        let retry_at = clock(after(round::truncate(o.now), s.void_backoff));
+
+        // Row 6: an Error slot voids the round at once (I6).
+        if let Some(node) = r.first_error() {
+            let msg = format!(
+                "{node} reported Error; see its Warning events on this object; retry at {retry_at}"
+            );
+            return void(
+                VoidCause::Failed,
+                msg,
+                RoundResult::Failed,
+                reason::CUT_FAILED,
+            );
+        }
+
+        // Row 7: complete rounds ship, also after the deadline.
+        if r.all_diskful_in(&diskful, &[SlotState::Done]) {
+            let slots: BTreeMap<String, SlotState> = r
+                .slots
+                .iter()
+                .filter(|(n, _)| diskful.contains(n))
+                .map(|(n, st)| (n.clone(), *st))
+                .collect();
+            let took = stamp.map(|t| elapsed(t, o.now)).unwrap_or_default();
+            return Decision {
+                step: Step::Publish {
+                    round,
+                    size_bytes: volume.spec.size_bytes,
+                    source_formatted: volume
+                        .status
+                        .as_ref()
+                        .and_then(|st| st.formatted)
+                        .unwrap_or(false),
+                    slots,
+                },
+                ready: Some(Ready::new(
+                    true,
+                    reason::SNAPSHOT_READY,
+                    format!("cut on {}", list(&diskful)),
+                )),
+                event: Some(Event {
+                    warning: false,
+                    reason: event::ROUND_SUCCEEDED,
+                    note: format!("round completed in {} on {}", human(took), list(&diskful)),
+                }),
+                result: Some(RoundResult::Success),
+                requeue_at: None,
+            };
+        }
+
+        // Row 8: the deadline (an unreadable stamp counts as expired).
+        let deadline = stamp.map(|t| after(t, s.deadline));
+        if deadline.is_none_or(|d| o.now >= d) {
+            if !o.fresh {
+                return Decision {
+                    step: Step::ReRead,
+                    ready: None,
+                    event: None,
+                    result: None,
+                    requeue_at: None,
+                };
+            }
+            let late: Vec<String> = diskful
+                .iter()
+                .filter(|n| r.slot(n) != Some(SlotState::Done))
+                .map(|n| match r.slot(n) {
+                    Some(st) => format!("{n} (last state {st})"),
+                    None => format!("{n} (no slot)"),
+                })
+                .collect();
+            let msg = format!(
+                "barrier expired after {}s; {} did not finish; retry at {retry_at}",
+                s.deadline.as_secs(),
+                list(&late)
+            );
+            return void(
+                VoidCause::Expired,
+                msg,
+                RoundResult::Expired,
+                reason::BARRIER_EXPIRED,
+            );
+        }
+
+        // Row 9: nothing to do but wait for slots or the deadline. The message is fixed for
+        // the whole round so slot changes cause no extra status writes under the barrier.
+        let ts = stamp.unwrap_or(o.now);
+        let msg = open_message(ts, s.deadline, &diskful_of_round(&r, &diskful));
+        return Decision::wait(
+            Some(Ready::new(false, reason::BARRIER_RAISED, msg)),
+            deadline,
+        );
+    }
+
+    // Row 10: backoff after a void.
+    if let Some(t) = stamp {
+        let reopen = after(t, s.void_backoff);
+        if o.now < reopen {
+            return Decision::wait(None, Some(reopen));
+        }
+    }
+
+    // Row 11: gates 5.7.2, 5.7.4 and 5.7.5.
+    if diskful.is_empty() {
+        let msg = format!(
+            "MiroirVolume {} has no diskful replica; nothing to cut",
+            volume.name_any()
+        );
+        return Decision::wait(
+            Some(Ready::new(false, reason::WAITING_FOR_REPLICAS, msg)),
+            None,
+        );
+    }
+    if let Some(dead) = diskful.iter().find(|n| is_stale(o, s, n)) {
+        let msg = stale_message(o, dead);
+        return Decision::wait(
+            Some(Ready::new(false, reason::WAITING_FOR_REPLICAS, msg)),
+            None,
+        );
+    }
+    if let Some(msg) = replica_health(volume, &diskful) {
+        return Decision::wait(
+            Some(Ready::new(false, reason::WAITING_FOR_REPLICAS, msg)),
+            None,
+        );
+    }
+
+    // Row 12: one round per volume (I8).
+    if let Some(other) = o.other_round {
+        let msg = format!(
+            "volume {} is being snapshotted by {other}; this snapshot follows",
+            volume.name_any()
+        );
+        return Decision::wait(
+            Some(Ready::new(false, reason::WAITING_FOR_ROUND, msg)),
+            None,
+        );
+    }
+
+    // Row 13: open. A new stamp must differ from the last one (spec §4.1, rule 5).
+    let now = round::truncate(o.now);
+    if let Some(prev) = stamp
+        && now <= prev
+    {
+        return Decision::wait(None, Some(after(prev, Duration::from_secs(1))));
+    }
+    Decision {
+        step: Step::Open {
+            stamp: format_stamp(now),
+            diskful: diskful.clone(),
+        },
+        ready: Some(Ready::new(
+            false,
+            reason::BARRIER_RAISED,
+            open_message(now, s.deadline, &diskful),
+        )),
+        event: Some(Event {
+            warning: false,
+            reason: event::ROUND_OPENED,
+            note: format!("round opened on {}", list(&diskful)),
+        }),
+        result: None,
+        requeue_at: Some(after(now, s.deadline)),
+    }
+}
+
+/// The diskful legs of an open round as its slots list them at open (so the row 9 message
+/// equals the one the open wrote), falling back to the volume's current diskful nodes.
+fn diskful_of_round(r: &RoundView<'_>, diskful: &[String]) -> Vec<String> {
+    let from_slots: Vec<String> = diskful
+        .iter()
+        .filter(|n| r.slots.contains_key(n.as_str()))
+        .cloned()
+        .collect();
+    if from_slots.is_empty() {
+        diskful.to_vec()
+    } else {
+        from_slots
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::types::{MiroirSnapshotSpec, MiroirSnapshotStatus};
+    use serde_json::json;
+
+    const T0: &str = "2025-03-01T10:00:00Z";
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(ts(T0).as_second() + secs).unwrap()
+    }
+
+    fn volume(replicas: serde_json::Value, status: serde_json::Value) -> MiroirVolume {
+        serde_json::from_value(json!({
+            "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirVolume",
+            "metadata": {"name": "pvc-1"},
+            "spec": {"sizeBytes": 4096, "replicas": replicas},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn three() -> MiroirVolume {
+        volume(
+            json!([{"node": "a", "backend": "loopfile"}, {"node": "b", "backend": "loopfile"},
+                   {"node": "c", "backend": "loopfile"}, ]),
+            json!({"formatted": true}),
+        )
+    }
+
+    fn snap() -> MiroirSnapshot {
+        let mut s = MiroirSnapshot::new(
+            "snap-1",
+            MiroirSnapshotSpec {
+                volume_name: "pvc-1".into(),
+            },
+        );
+        s.metadata.uid = Some("uid-1".into());
+        s.metadata.resource_version = Some("10".into());
+        s.metadata.finalizers = Some(
+            ["a", "b", "c"]
+                .iter()
+                .map(|n| teardown_finalizer(n))
+                .collect(),
+        );
+        s.status = Some(MiroirSnapshotStatus {
+            ready_to_use: Some(false),
+            io_suspended: Some(false),
+            ..Default::default()
+        });
+        s
+    }
+
+    fn with_round(
+        mut s: MiroirSnapshot,
+        open: bool,
+        at: &str,
+        slots: &[(&str, SlotState)],
+    ) -> MiroirSnapshot {
+        let st = s.status.get_or_insert_with(Default::default);
+        st.io_suspended = Some(open);
+        st.suspended_at = Some(at.into());
+        st.per_node = Some(slots.iter().map(|(n, s)| (n.to_string(), *s)).collect());
+        s
+    }
+
+    fn beats(now: Timestamp) -> BTreeMap<String, Timestamp> {
+        ["a", "b", "c"]
+            .iter()
+            .map(|n| (n.to_string(), now))
+            .collect()
+    }
+
+    struct Case {
+        snap: MiroirSnapshot,
+        volume: Option<MiroirVolume>,
+        heartbeats: BTreeMap<String, Timestamp>,
+        other: Option<&'static str>,
+        fresh: bool,
+        now: Timestamp,
+        settings: Settings,
+    }
+
+    impl Case {
+        fn new(snap: MiroirSnapshot, now: Timestamp) -> Self {
+            Case {
+                snap,
+                volume: Some(three()),
+                heartbeats: beats(now),
+                other: None,
+                fresh: false,
+                now,
+                settings: Settings::default(),
+            }
+        }
+        fn decide(&self) -> Decision {
+            decide(
+                &Observed {
+                    snapshot: &self.snap,
+                    volume: self.volume.as_ref(),
+                    heartbeats: &self.heartbeats,
+                    other_round: self.other,
+                    fresh: self.fresh,
+                    now: self.now,
+                },
+                &self.settings,
+            )
+        }
+    }
+
+    use SlotState::*;
+
+    fn reason_of(d: &Decision) -> Option<&'static str> {
+        d.ready.as_ref().map(|r| r.reason)
+    }
+
+    #[test]
+    fn row13_opens_with_every_diskful_node_pending() {
+        let d = Case::new(snap(), at(0)).decide();
+        assert_eq!(
+            d.step,
+            Step::Open {
+                stamp: T0.into(),
+                diskful: vec!["a".into(), "b".into(), "c".into()]
+            }
+        );
+        let ready = d.ready.unwrap();
+        assert_eq!(
+            (ready.status, ready.reason),
+            (false, reason::BARRIER_RAISED)
+        );
+        assert_eq!(
+            ready.message,
+            "round open since 10:00:00Z on a, b, c; deadline 10:01:00Z"
+        );
+        assert_eq!(d.event.unwrap().reason, event::ROUND_OPENED);
+        assert_eq!(d.requeue_at, Some(at(60)));
+    }
+
+    #[test]
+    fn open_stamp_has_second_precision_and_always_moves_on() {
+        let now: Timestamp = "2025-03-01T10:00:00.750Z".parse().unwrap();
+        let d = Case::new(snap(), now).decide();
+        assert!(matches!(d.step, Step::Open { ref stamp, .. } if stamp == T0));
+        // Without a backoff, a void stamped this very second must not be reused as the open
+        // stamp: wait for the next second.
+        let s = with_round(snap(), false, T0, &[("a", Pending)]);
+        let mut c = Case::new(s, now);
+        c.settings.void_backoff = Duration::ZERO;
+        let d = c.decide();
+        assert_eq!(d.step, Step::Wait);
+        assert_eq!(d.requeue_at, Some(at(1)));
+        c.now = at(1);
+        assert!(
+            matches!(c.decide().step, Step::Open { ref stamp, .. } if stamp == "2025-03-01T10:00:01Z")
+        );
+    }
+
+    #[test]
+    fn row1_deleting_reports_only_dead_agents() {
+        let mut s = snap();
+        s.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(0)));
+        let mut c = Case::new(s, at(10));
+        c.heartbeats.insert("a".into(), at(5));
+        let d = c.decide();
+        assert_eq!(d.step, Step::Wait);
+        assert_eq!(d.ready, None);
+        // Node a's heartbeat goes stale first, at 5 + 60.
+        assert_eq!(d.requeue_at, Some(at(65)));
+        c.heartbeats.remove("c");
+        let d = c.decide();
+        let r = d.ready.unwrap();
+        assert_eq!((r.status, r.reason), (false, reason::TEARDOWN_PENDING));
+        assert_eq!(
+            r.message,
+            "teardown-c remains and the agent on c is down; if the node is gone for good, delete its backend snapshot and remove the finalizer by hand"
+        );
+    }
+
+    #[test]
+    fn row2_ready_is_terminal() {
+        let mut s = with_round(snap(), false, T0, &[("a", Done), ("b", Done), ("c", Done)]);
+        s.status.as_mut().unwrap().ready_to_use = Some(true);
+        let mut c = Case::new(s, at(500));
+        c.volume = None; // even without the volume
+        let d = c.decide();
+        assert_eq!(d.step, Step::Wait);
+        assert_eq!(d.ready.unwrap().reason, reason::SNAPSHOT_READY);
+        assert_eq!(d.requeue_at, None);
+    }
+
+    #[test]
+    fn row3_initialises_status() {
+        let mut s = snap();
+        s.status = None;
+        let d = Case::new(s.clone(), at(0)).decide();
+        assert_eq!(d.step, Step::Initialise);
+        assert_eq!(d.ready.unwrap().reason, reason::WAITING_FOR_REPLICAS);
+        s.status = Some(MiroirSnapshotStatus {
+            ready_to_use: Some(false),
+            ..Default::default()
+        });
+        assert_eq!(Case::new(s, at(0)).decide().step, Step::Initialise);
+    }
+
+    #[test]
+    fn row4_volume_missing() {
+        let mut c = Case::new(snap(), at(0));
+        c.volume = None;
+        let d = c.decide();
+        assert_eq!(d.step, Step::Wait);
+        let r = d.ready.unwrap();
+        assert_eq!(r.reason, reason::VOLUME_NOT_FOUND);
+        assert_eq!(
+            r.message,
+            "MiroirVolume pvc-1 not found; create it or delete this snapshot"
+        );
+        assert_eq!(d.requeue_at, None);
+    }
+
+    #[test]
+    fn row5_finalizers_before_the_first_open_and_for_new_replicas() {
+        let mut s = snap();
+        s.metadata.finalizers = Some(vec!["other/keep".into(), teardown_finalizer("a")]);
+        let mut c = Case::new(s, at(0));
+        c.volume = Some(volume(
+            json!([{"node": "a", "backend": "zfs"}, {"node": "b", "backend": "zfs"},
+                   {"node": "t", "diskless": true}]),
+            json!({}),
+        ));
+        let d = c.decide();
+        assert_eq!(
+            d.step,
+            Step::SetFinalizers(vec![
+                "other/keep".into(),
+                teardown_finalizer("a"),
+                teardown_finalizer("b"),
+                teardown_finalizer("t"),
+            ])
+        );
+        assert_eq!(d.ready, None);
+    }
+
+    #[test]
+    fn row6_error_slot_voids_with_cut_failed() {
+        let s = with_round(snap(), true, T0, &[("a", Done), ("b", Error), ("c", Done)]);
+        let d = Case::new(s, at(10)).decide();
+        assert_eq!(
+            d.step,
+            Step::Void {
+                round: T0.into(),
+                cause: VoidCause::Failed,
+                stamp: "2025-03-01T10:00:10Z".into(),
+                diskful: vec!["a".into(), "b".into(), "c".into()],
+            }
+        );
+        let r = d.ready.unwrap();
+        assert_eq!(r.reason, reason::CUT_FAILED);
+        assert_eq!(
+            r.message,
+            "b reported Error; see its Warning events on this object; retry at 10:00:40Z"
+        );
+        let e = d.event.unwrap();
+        assert!(e.warning);
+        assert_eq!(
+            (e.reason, e.note.as_str()),
+            (event::ROUND_VOIDED, r.message.as_str())
+        );
+        assert_eq!(d.result, Some(RoundResult::Failed));
+        assert_eq!(d.requeue_at, Some(at(40)));
+    }
+
+    #[test]
+    fn row7_publishes_when_every_diskful_slot_is_done() {
+        let mut v = volume(
+            json!([{"node": "a", "backend": "loopfile"}, {"node": "b", "backend": "loopfile"},
+                   {"node": "t", "diskless": true}]),
+            json!({"formatted": true}),
+        );
+        v.spec.size_bytes = 1 << 30;
+        let mut s = with_round(
+            snap(),
+            true,
+            T0,
+            &[("a", Done), ("b", Done), ("t", Suspended)],
+        );
+        s.metadata.finalizers = Some(
+            ["a", "b", "t"]
+                .iter()
+                .map(|n| teardown_finalizer(n))
+                .collect(),
+        );
+        let mut c = Case::new(s, at(3));
+        c.volume = Some(v);
+        let d = c.decide();
+        assert_eq!(
+            d.step,
+            Step::Publish {
+                round: T0.into(),
+                size_bytes: 1 << 30,
+                source_formatted: true,
+                slots: [("a".to_string(), Done), ("b".to_string(), Done)].into(),
+            }
+        );
+        let r = d.ready.unwrap();
+        assert_eq!(
+            (r.status, r.reason, r.message.as_str()),
+            (true, reason::SNAPSHOT_READY, "cut on a, b")
+        );
+        assert_eq!(d.event.unwrap().note, "round completed in 3s on a, b");
+        assert_eq!(d.result, Some(RoundResult::Success));
+        assert_eq!(d.requeue_at, None);
+    }
+
+    #[test]
+    fn row7_not_while_a_diskful_slot_is_missing_or_suspended() {
+        let s = with_round(snap(), true, T0, &[("a", Done), ("b", Done)]);
+        let d = Case::new(s, at(3)).decide();
+        assert_eq!(d.step, Step::Wait);
+        let s = with_round(
+            snap(),
+            true,
+            T0,
+            &[("a", Done), ("b", Done), ("c", Suspended)],
+        );
+        let d = Case::new(s, at(3)).decide();
+        assert_eq!(d.step, Step::Wait);
+        assert_eq!(reason_of(&d), Some(reason::BARRIER_RAISED));
+    }
+
+    #[test]
+    fn t9_complete_round_ships_after_the_deadline() {
+        let s = with_round(snap(), true, T0, &[("a", Done), ("b", Done), ("c", Done)]);
+        let d = Case::new(s, at(75)).decide();
+        assert!(matches!(d.step, Step::Publish { .. }));
+    }
+
+    #[test]
+    fn row8_expiry_rereads_then_voids_naming_the_late_leg() {
+        let s = with_round(
+            snap(),
+            true,
+            T0,
+            &[("a", Done), ("b", Done), ("c", Suspended)],
+        );
+        let mut c = Case::new(s, at(60));
+        assert_eq!(c.decide().step, Step::ReRead);
+        c.fresh = true;
+        let d = c.decide();
+        assert!(
+            matches!(d.step, Step::Void { cause: VoidCause::Expired, ref stamp, .. } if stamp == "2025-03-01T10:01:00Z")
+        );
+        let r = d.ready.unwrap();
+        assert_eq!(r.reason, reason::BARRIER_EXPIRED);
+        assert_eq!(
+            r.message,
+            "barrier expired after 60s; c (last state Suspended) did not finish; retry at 10:01:30Z"
+        );
+        assert_eq!(d.result, Some(RoundResult::Expired));
+        assert_eq!(d.requeue_at, Some(at(90)));
+    }
+
+    #[test]
+    fn row8_unreadable_stamp_counts_as_expired() {
+        let s = with_round(snap(), true, "garbage", &[("a", Pending)]);
+        let mut c = Case::new(s, at(0));
+        c.fresh = true;
+        assert!(
+            matches!(c.decide().step, Step::Void { cause: VoidCause::Expired, ref round, .. } if round == "garbage")
+        );
+    }
+
+    #[test]
+    fn row9_waits_for_the_deadline_with_a_fixed_message() {
+        let s = with_round(
+            snap(),
+            true,
+            T0,
+            &[("a", Pending), ("b", Pending), ("c", Pending)],
+        );
+        let d1 = Case::new(s, at(1)).decide();
+        let s = with_round(
+            snap(),
+            true,
+            T0,
+            &[("a", Done), ("b", Suspended), ("c", Suspended)],
+        );
+        let d2 = Case::new(s, at(20)).decide();
+        assert_eq!(d1.step, Step::Wait);
+        assert_eq!(d1.requeue_at, Some(at(60)));
+        assert_eq!(d1.ready, d2.ready);
+        // The open wrote the same message, so row 9 causes no status write.
+        let open = Case::new(snap(), at(0)).decide();
+        assert_eq!(open.ready, d1.ready);
+    }
+
+    #[test]
+    fn row10_backoff_after_a_void() {
+        let s = with_round(
+            snap(),
+            false,
+            T0,
+            &[("a", Pending), ("b", Pending), ("c", Pending)],
+        );
+        let d = Case::new(s.clone(), at(29)).decide();
+        assert_eq!(d.step, Step::Wait);
+        assert_eq!(d.ready, None);
+        assert_eq!(d.requeue_at, Some(at(30)));
+        let d = Case::new(s, at(30)).decide();
+        assert!(matches!(d.step, Step::Open { .. }));
+    }
+
+    #[test]
+    fn row11_dead_agent_blocks_the_open_naming_the_node() {
+        let mut c = Case::new(snap(), at(200));
+        c.heartbeats.insert("c".into(), at(70));
+        let d = c.decide();
+        assert_eq!(d.step, Step::Wait);
+        let r = d.ready.unwrap();
+        assert_eq!(r.reason, reason::WAITING_FOR_REPLICAS);
+        assert_eq!(
+            r.message,
+            "c: no snapshot agent heartbeat for 2m10s; is ucm snapshot-agent running there?"
+        );
+        c.heartbeats.remove("c");
+        assert!(
+            c.decide()
+                .ready
+                .unwrap()
+                .message
+                .starts_with("c: no snapshot agent heartbeat;")
+        );
+    }
+
+    #[test]
+    fn t11_dead_tie_breaker_does_not_block() {
+        let mut s = snap();
+        s.metadata.finalizers = Some(
+            ["a", "b", "t"]
+                .iter()
+                .map(|n| teardown_finalizer(n))
+                .collect(),
+        );
+        let mut c = Case::new(s, at(0));
+        c.volume = Some(volume(
+            json!([{"node": "a", "backend": "loopfile"}, {"node": "b", "backend": "loopfile"},
+                   {"node": "t", "diskless": true}]),
+            json!({"perNode": {"t": {"diskState": "Diskless", "deviceCreated": false}}}),
+        ));
+        c.heartbeats.remove("t");
+        let d = c.decide();
+        assert_eq!(
+            d.step,
+            Step::Open {
+                stamp: T0.into(),
+                diskful: vec!["a".into(), "b".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn t3_open_waits_for_healthy_replicas() {
+        let cases = [
+            (
+                json!({"b": {"deviceCreated": false}}),
+                "b: the volume's device is not created yet",
+            ),
+            (
+                json!({"b": {"deviceCreated": true, "diskState": "Inconsistent"}}),
+                "b: disk state is Inconsistent; waiting for UpToDate (resync in progress?)",
+            ),
+            (
+                json!({"c": {"deviceCreated": true, "diskState": "UpToDate", "splitBrain": true}}),
+                "c: DRBD reports split brain; resolve it before this volume can be snapshotted",
+            ),
+        ];
+        for (per_node, want) in cases {
+            let mut c = Case::new(snap(), at(0));
+            let mut v = three();
+            v.status = Some(serde_json::from_value(json!({"perNode": per_node})).unwrap());
+            c.volume = Some(v.clone());
+            let d = c.decide();
+            assert_eq!(d.step, Step::Wait, "{want}");
+            let r = d.ready.unwrap();
+            assert_eq!(
+                (r.reason, r.message.as_str()),
+                (reason::WAITING_FOR_REPLICAS, want)
+            );
+            // The fix opens the round.
+            v.status = Some(
+                serde_json::from_value(json!({"perNode": {
+                    "a": {"deviceCreated": true, "diskState": "UpToDate", "splitBrain": false},
+                    "b": {"deviceCreated": true, "diskState": "UpToDate", "splitBrain": false},
+                    "c": {"deviceCreated": true, "diskState": "UpToDate", "splitBrain": false}}}))
+                .unwrap(),
+            );
+            c.volume = Some(v);
+            assert!(matches!(c.decide().step, Step::Open { .. }));
+        }
+    }
+
+    #[test]
+    fn unreplicated_volume_ignores_disk_state() {
+        let mut c = Case::new(snap(), at(0));
+        c.volume = Some(volume(
+            json!([{"node": "a", "backend": "lvmthin"}]),
+            json!({"perNode": {"a": {"deviceCreated": true}}}),
+        ));
+        let d = c.decide();
+        assert_eq!(
+            d.step,
+            Step::Open {
+                stamp: T0.into(),
+                diskful: vec!["a".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn no_diskful_replica_waits() {
+        let mut s = snap();
+        s.metadata.finalizers = Some(vec![teardown_finalizer("t")]);
+        let mut c = Case::new(s, at(0));
+        c.volume = Some(volume(json!([{"node": "t", "diskless": true}]), json!({})));
+        let d = c.decide();
+        assert_eq!(d.step, Step::Wait);
+        assert_eq!(
+            d.ready.unwrap().message,
+            "MiroirVolume pvc-1 has no diskful replica; nothing to cut"
+        );
+    }
+
+    #[test]
+    fn row12_one_round_per_volume() {
+        let mut c = Case::new(snap(), at(0));
+        c.other = Some("snap-x");
+        let d = c.decide();
+        assert_eq!(d.step, Step::Wait);
+        let r = d.ready.unwrap();
+        assert_eq!(r.reason, reason::WAITING_FOR_ROUND);
+        assert_eq!(
+            r.message,
+            "volume pvc-1 is being snapshotted by snap-x; this snapshot follows"
+        );
+    }
+
+    #[test]
+    fn reasons_are_valid_condition_reasons() {
+        for r in reason::ALL {
+            let ok = r.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+                && r.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_,:".contains(c))
+                && r.len() <= 1024;
+            assert!(ok, "{r}");
+        }
+    }
+}
