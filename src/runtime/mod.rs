@@ -10,6 +10,10 @@
 //! 3. Every write goes through a [`writer::Writer`] from [`Runtime::writer`]: it refuses writes
 //!    unless this replica leads.
 //! 4. Leader-only servers follow [`leader::Leadership::subscribe`].
+//! 5. Secondary watches (for `watches_stream`, mappers) come from [`Runtime::reflect`], so
+//!    readiness waits for their initial list too.
+//! 6. RBAC: `rbac` lists cluster rules (read access to the feature's CRDs is added for you),
+//!    `namespaced_rbac` rules in the manager's namespace; build them with [`rbac::rule`].
 
 pub mod cli;
 pub mod controller;
@@ -20,6 +24,7 @@ pub mod leader;
 pub mod logging;
 pub mod manager;
 pub mod metrics;
+pub mod rbac;
 pub mod shutdown;
 pub mod writer;
 
