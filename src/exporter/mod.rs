@@ -29,6 +29,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::runtime::controller::{Guarded, run};
+use crate::runtime::rbac::rule;
 use crate::runtime::{Feature, Runtime, Trigger};
 use types::{Client, Exporter, Lease};
 
@@ -42,17 +43,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     ]
 }
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    let v = |s: &[&str]| Some(s.iter().map(|x| x.to_string()).collect());
-    PolicyRule {
-        api_groups: v(groups),
-        resources: v(resources),
-        verbs: verbs.iter().map(|x| x.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-/// Spec §9 RBAC (cluster-wide form).
+/// Spec §9 RBAC (cluster-wide form). `exporters/finalizers` lets the controller ownerRefs on
+/// Secrets and Leases set `blockOwnerDeletion`.
 pub fn rbac() -> Vec<PolicyRule> {
     const ALL: &[&str] = &[
         "get", "list", "watch", "create", "update", "patch", "delete",
@@ -68,14 +60,21 @@ pub fn rbac() -> Vec<PolicyRule> {
             &["exporters/status", "leases/status", "clients/status"],
             &["get", "update", "patch"],
         ),
+        rule(&["jumpstarter.dev"], &["exporters/finalizers"], &["update"]),
         rule(
             &["jumpstarter.dev"],
             &["exporteraccesspolicies"],
             &["get", "list", "watch"],
         ),
         rule(&[""], &["secrets"], ALL),
-        rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
+        rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
     ]
+}
+
+/// In the manager's namespace: the optional `jumpstarter-controller` ConfigMap (read by the
+/// gRPC service). Its Secrets are covered by the cluster-wide Secret rule.
+pub fn namespaced_rbac() -> Vec<PolicyRule> {
+    vec![rule(&[""], &["configmaps"], &["get", "list", "watch"])]
 }
 
 pub static FEATURE: Feature = Feature {
@@ -83,6 +82,7 @@ pub static FEATURE: Feature = Feature {
     about: "Jumpstarter Exporter, Lease and Client reconcilers (jumpstarter.dev/v1alpha1)",
     crds,
     rbac,
+    namespaced_rbac,
     settings: settings::Args::augment_args,
     start: |rt, matches| Box::pin(start(rt, matches)),
     agents: &[],
