@@ -11,4 +11,4 @@ use runtime::Feature;
 
 /// The feature registry: one line per feature. Everything else (flags, CRDs, RBAC, readiness,
 /// agent subcommands) is derived from it.
-pub static FEATURES: &[&Feature] = &[&exporter::FEATURE, &snapshot::FEATURE];
+pub static FEATURES: &[&Feature] = &[&snapshot::FEATURE, &exporter::FEATURE];

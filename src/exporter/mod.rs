@@ -29,7 +29,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::runtime::controller::{Guarded, run};
-use crate::runtime::{Feature, Runtime, Trigger, rbac::rule};
+use crate::runtime::rbac::rule;
+use crate::runtime::{Feature, Runtime, Trigger};
 use types::{Client, Exporter, Lease};
 
 /// The four CRDs this feature serves, in the form `ucm crds` writes to `crds/`.
@@ -42,7 +43,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     ]
 }
 
-/// Spec §9 RBAC (cluster-wide form).
+/// Spec §9 RBAC (cluster-wide form). `exporters/finalizers` lets the controller ownerRefs on
+/// Secrets and Leases set `blockOwnerDeletion`.
 pub fn rbac() -> Vec<PolicyRule> {
     const ALL: &[&str] = &[
         "get", "list", "watch", "create", "update", "patch", "delete",
@@ -58,8 +60,6 @@ pub fn rbac() -> Vec<PolicyRule> {
             &["exporters/status", "leases/status", "clients/status"],
             &["get", "update", "patch"],
         ),
-        // A Lease's controller ownerRef (blockOwnerDeletion) to its Exporter needs this where
-        // OwnerReferencesPermissionEnforcement is on.
         rule(&["jumpstarter.dev"], &["exporters/finalizers"], &["update"]),
         rule(
             &["jumpstarter.dev"],
@@ -71,8 +71,8 @@ pub fn rbac() -> Vec<PolicyRule> {
     ]
 }
 
-/// In the manager's namespace: the optional `jumpstarter-controller` ConfigMap (router map and
-/// config, spec §10). The generated Secrets are covered by the cluster rule on secrets.
+/// In the manager's namespace: the optional `jumpstarter-controller` ConfigMap (read by the
+/// gRPC service). Its Secrets are covered by the cluster-wide Secret rule.
 pub fn namespaced_rbac() -> Vec<PolicyRule> {
     vec![rule(&[""], &["configmaps"], &["get", "list", "watch"])]
 }

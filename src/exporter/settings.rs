@@ -33,6 +33,17 @@ pub struct Args {
     /// Upper bound of any timed requeue (guard against wall-clock jumps).
     #[arg(long = "exporter-max-requeue", default_value = "24h")]
     pub max_requeue: String,
+    /// Listen address of the controller gRPC service (validated here; served by the gRPC
+    /// server of the protocol issue).
+    #[arg(long = "exporter-grpc-bind-address", default_value = ":8082")]
+    pub grpc_bind_address: String,
+    /// Router endpoint handed to clients and exporters when the ConfigMap names none (gRPC
+    /// service; validated here).
+    #[arg(long = "exporter-router-endpoint", default_value = "localhost:8083")]
+    pub router_endpoint: String,
+    /// Minimum spacing of heartbeat `lastSeen` writes (default T/3, at most T/2; gRPC service).
+    #[arg(long = "exporter-heartbeat-interval")]
+    pub heartbeat_interval: Option<String>,
 }
 
 /// Where the signing key comes from (rule 4.1.7).
@@ -48,6 +59,10 @@ pub struct Settings {
     pub status: StatusSettings,
     pub token: TokenPolicy,
     pub key_source: KeySource,
+    /// For the gRPC service: where it listens, the default router, the heartbeat spacing.
+    pub grpc_bind_address: crate::runtime::cli::BindAddress,
+    pub router_endpoint: String,
+    pub heartbeat_interval: SignedDuration,
 }
 
 impl Settings {
@@ -99,7 +114,23 @@ impl Settings {
             (None, Some(name)) => KeySource::Secret(name.clone()),
             (None, None) => KeySource::Generated,
         };
+        let grpc_bind_address = crate::runtime::cli::parse_bind_address(&args.grpc_bind_address)
+            .map_err(|e| format!("--exporter-grpc-bind-address: {e}"))?;
+        if args.router_endpoint.is_empty() {
+            return Err("--exporter-router-endpoint is empty".into());
+        }
+        let heartbeat_interval = match &args.heartbeat_interval {
+            None => offline_threshold / 3,
+            Some(v) => dur("exporter-heartbeat-interval", v)?,
+        };
+        if heartbeat_interval <= SignedDuration::ZERO || heartbeat_interval > offline_threshold / 2
+        {
+            return Err("--exporter-heartbeat-interval must be positive and at most half the offline threshold".into());
+        }
         Ok(Settings {
+            grpc_bind_address,
+            router_endpoint: args.router_endpoint.clone(),
+            heartbeat_interval,
             status: StatusSettings {
                 offline_threshold,
                 endpoint,
@@ -136,6 +167,12 @@ mod tests {
         assert_eq!(s.status.max_requeue, SignedDuration::from_hours(24));
         assert_eq!(s.token, TokenPolicy::default());
         assert_eq!(s.key_source, KeySource::Generated);
+        assert_eq!(s.heartbeat_interval, SignedDuration::from_secs(20));
+        assert_eq!(s.router_endpoint, "localhost:8083");
+        assert_eq!(
+            s.grpc_bind_address,
+            crate::runtime::cli::parse_bind_address(":8082").unwrap()
+        );
     }
 
     #[test]
@@ -177,6 +214,8 @@ mod tests {
             &["--exporter-token-renew-fraction", "2"],
             &["--exporter-max-requeue=-1h"],
             &["--exporter-token-renew-before=-1h"],
+            &["--exporter-heartbeat-interval", "31s"],
+            &["--exporter-grpc-bind-address", "nowhere"],
         ] {
             assert!(
                 Settings::resolve(&parse(argv), None, None).is_err(),
