@@ -15,6 +15,8 @@ GO_LDFLAGS  := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) 
                -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=37
 KHARNESS    := e2e/bin/kharness
 KUBECTL     := e2e/bin/kubectl
+HELM        := e2e/bin/helm
+HELM_VERSION = $(shell awk '$$1=="helm.sh/helm/v4"{print $$2}' e2e/tools/helm/go.mod)
 GO_SOURCES  := $(shell find e2e/cmd -name '*.go' 2>/dev/null) e2e/go.mod e2e/go.sum
 
 export GOTOOLCHAIN := local
@@ -52,7 +54,12 @@ $(KHARNESS): $(GO_SOURCES)
 $(KUBECTL): e2e/go.mod e2e/go.sum
 	cd e2e && $(GO_ENV) go build -ldflags "$(GO_LDFLAGS)" -o bin/kubectl k8s.io/kubernetes/cmd/kubectl
 
-cluster: $(KHARNESS) $(KUBECTL)
+# helm from its published Go module, in its own module so its k8s libraries do not fight
+# e2e/go.mod's replace block; used by the deployment tests.
+$(HELM): e2e/tools/helm/go.mod e2e/tools/helm/go.sum
+	cd e2e/tools/helm && $(GO_ENV) go build -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$(HELM_VERSION)" -o ../../bin/helm helm.sh/helm/v4/cmd/helm
+
+cluster: $(KHARNESS) $(KUBECTL) $(HELM)
 
 # One shared control plane for every e2e test binary; tests needing their own start one.
 e2e: cluster build

@@ -24,4 +24,4 @@ done
 echo "control plane ready in $(( $(date +%s) - start ))s"
 export UCM_E2E_KUBECONFIG=$(sed -n 's/^READY //p' "$work/ready")
 cd "$root"
-cargo test --locked --tests -- --ignored --test-threads="${E2E_THREADS:-4}" "$@"
+cargo test --locked --no-fail-fast --tests -- --ignored --test-threads="${E2E_THREADS:-4}" "$@"

@@ -13,9 +13,11 @@ kh=$!
 mgr=""
 stop() {
   trap - INT TERM EXIT
+  set +e
   [ -n "$mgr" ] && kill -TERM "$mgr" 2>/dev/null && wait "$mgr" 2>/dev/null
   kill -TERM "$kh" 2>/dev/null && wait "$kh" 2>/dev/null
   echo "stopped"
+  exit 0
 }
 trap stop INT TERM EXIT
 start=$(date +%s)
@@ -39,7 +41,7 @@ cat <<TXT
 Local control plane ready. Try:
   export KUBECONFIG=$kubeconfig
   e2e/bin/kubectl get crd
-  e2e/bin/kubectl get exporters,miroirsnapshots,virtualmachineexports -A
+  e2e/bin/kubectl get exporters,leases.jumpstarter.dev,miroirsnapshots -A
   curl -s localhost:8081/readyz?verbose; curl -s localhost:8080/metrics | grep controller_runtime
 
 Starting ucm manager with every feature on (Ctrl-C stops everything).

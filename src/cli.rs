@@ -163,24 +163,18 @@ fn print_crds(args: CrdsArgs) -> i32 {
 }
 
 fn print_rbac() -> i32 {
-    use k8s_openapi::api::rbac::v1::ClusterRole;
     let mut out = std::io::stdout().lock();
-    for f in FEATURES {
-        let role = ClusterRole {
-            metadata: kube::api::ObjectMeta {
-                name: Some(format!("ucm-{}", f.name)),
-                ..Default::default()
-            },
-            rules: Some((f.rbac)()),
-            ..Default::default()
-        };
-        let mut v = serde_json::to_value(&role).expect("serialisable");
-        v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
-        v["kind"] = "ClusterRole".into();
+    for (kind, name, rules) in crate::runtime::rbac::roles(FEATURES) {
+        let role = serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": kind,
+            "metadata": { "name": name },
+            "rules": rules,
+        });
         let _ = writeln!(
             out,
             "---\n{}",
-            serde_yaml::to_string(&v).expect("yaml").trim_end()
+            serde_yaml::to_string(&role).expect("yaml").trim_end()
         );
     }
     0

@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod conditions;
+pub mod exporter;
 pub mod runtime;
 pub mod snapshot;
 pub mod vmexport;
@@ -11,4 +12,4 @@ use runtime::Feature;
 
 /// The feature registry: one line per feature. Everything else (flags, CRDs, RBAC, readiness,
 /// agent subcommands) is derived from it.
-pub static FEATURES: &[&Feature] = &[&snapshot::FEATURE, &vmexport::FEATURE];
+pub static FEATURES: &[&Feature] = &[&snapshot::FEATURE, &exporter::FEATURE, &vmexport::FEATURE];

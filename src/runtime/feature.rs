@@ -19,8 +19,11 @@ pub struct Feature {
     /// The CRDs this feature owns. Every one must be Established before `start` runs; until then
     /// the `feature-<name>` readiness check fails naming the missing CRD.
     pub crds: fn() -> Vec<CustomResourceDefinition>,
-    /// Cluster-wide rules the manager needs for this feature (least privilege; `ucm rbac`).
+    /// Cluster-wide rules the manager needs for this feature (least privilege; `ucm rbac` adds
+    /// read access to the feature's own CRDs).
     pub rbac: fn() -> Vec<PolicyRule>,
+    /// Rules needed only in the manager's own namespace (a Role there), e.g. agent Leases.
+    pub namespaced_rbac: fn() -> Vec<PolicyRule>,
     /// Adds this feature's own manager flags (e.g. `<Settings as clap::Args>::augment_args`).
     pub settings: fn(clap::Command) -> clap::Command,
     /// Starts the feature's controllers (and leader-only servers) on the shared runtime and runs

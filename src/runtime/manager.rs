@@ -206,8 +206,13 @@ async fn run_feature(f: &'static Feature, rt: Runtime, matches: clap::ArgMatches
         }
         info!(feature = f.name, crd = %name, "CRD established");
     }
-    rt.health.set(&check, Ok(()));
+    // Ready once the feature's controllers have their initial lists (see Runtime::track_synced).
+    rt.health.set(
+        &check,
+        Err("starting: waiting for the feature's watches to list".into()),
+    );
     info!(feature = f.name, "starting feature");
+    let rt = rt.for_feature(f.name);
     match (f.start)(rt.clone(), matches).await {
         Err(msg) => {
             error!(feature = f.name, "feature not started: {msg}");

@@ -10,6 +10,10 @@
 //! 3. Every write goes through a [`writer::Writer`] from [`Runtime::writer`]: it refuses writes
 //!    unless this replica leads.
 //! 4. Leader-only servers follow [`leader::Leadership::subscribe`].
+//! 5. Secondary watches (for `watches_stream`, mappers) come from [`Runtime::reflect`], so
+//!    readiness waits for their initial list too.
+//! 6. RBAC: `rbac` lists cluster rules (read access to the feature's CRDs is added for you),
+//!    `namespaced_rbac` rules in the manager's namespace; build them with [`rbac::rule`].
 
 pub mod cli;
 pub mod controller;
@@ -20,11 +24,12 @@ pub mod leader;
 pub mod logging;
 pub mod manager;
 pub mod metrics;
+pub mod rbac;
 pub mod shutdown;
 pub mod writer;
 
 use std::{
-    collections::BTreeSet,
+    collections::BTreeMap,
     sync::{Arc, Mutex},
 };
 
@@ -59,7 +64,10 @@ pub struct Runtime {
     pub health: health::Health,
     pub shutdown: CancellationToken,
     pub config: Arc<RuntimeConfig>,
-    unsynced: Arc<Mutex<BTreeSet<&'static str>>>,
+    /// The feature this handle was given to (set by the manager before `start`).
+    feature: Option<&'static str>,
+    /// Watches per feature: (feature, watch name) → synced.
+    watches: Arc<Mutex<BTreeMap<(&'static str, &'static str), bool>>>,
 }
 
 impl Runtime {
@@ -78,7 +86,8 @@ impl Runtime {
             health,
             shutdown,
             config: Arc::new(config),
-            unsynced: Default::default(),
+            feature: None,
+            watches: Default::default(),
         }
     }
 
@@ -116,30 +125,54 @@ impl Runtime {
         )
     }
 
-    /// Keeps `/readyz`'s `informers-synced` check failing until the returned callback is called
-    /// (by the watch stream, at the end of its initial list). Event-driven: kube's
-    /// `Store::wait_until_ready` wakes only its most recent waiter, which is the Controller.
+    /// This handle, for one feature: its watches gate that feature's readiness check.
+    pub(crate) fn for_feature(&self, feature: &'static str) -> Runtime {
+        Runtime {
+            feature: Some(feature),
+            ..self.clone()
+        }
+    }
+
+    /// Keeps `/readyz` failing (`informers-synced`, and `feature-<name>` until every watch of the
+    /// feature has listed) until the returned callback is called by the watch stream at the end of
+    /// its initial list. Event-driven: kube's `Store::wait_until_ready` wakes only its most recent
+    /// waiter, which is the Controller.
     pub fn track_synced(&self, name: &'static str) -> impl Fn() + Send + Sync + 'static {
-        self.unsynced.lock().expect("lock").insert(name);
+        let key = (self.feature.unwrap_or(""), name);
+        self.watches.lock().expect("lock").insert(key, false);
         self.publish_synced();
         let rt = self.clone();
         move || {
-            if rt.unsynced.lock().expect("lock").remove(name) {
+            let first = rt.watches.lock().expect("lock").insert(key, true) == Some(false);
+            if first {
                 rt.publish_synced();
             }
         }
     }
 
     fn publish_synced(&self) {
-        let unsynced = self.unsynced.lock().expect("lock");
-        let state = if unsynced.is_empty() {
-            Ok(())
-        } else {
-            Err(format!(
-                "waiting for the initial list of: {}",
-                unsynced.iter().copied().collect::<Vec<_>>().join(", ")
-            ))
-        };
-        self.health.set("informers-synced", state);
+        let watches = self.watches.lock().expect("lock");
+        let pending: Vec<_> = watches
+            .iter()
+            .filter(|(_, synced)| !**synced)
+            .map(|((_, w), _)| *w)
+            .collect();
+        self.health.set(
+            "informers-synced",
+            if pending.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "waiting for the initial list of: {}",
+                    pending.join(", ")
+                ))
+            },
+        );
+        if let Some(f) = self.feature {
+            let mine: Vec<_> = watches.iter().filter(|((feat, _), _)| *feat == f).collect();
+            if !mine.is_empty() && mine.iter().all(|(_, synced)| **synced) {
+                self.health.set(&format!("feature-{f}"), Ok(()));
+            }
+        }
     }
 }

@@ -19,7 +19,7 @@ use k8s_openapi::{
 };
 use kube::CustomResourceExt;
 
-use crate::runtime::{Feature, Runtime, cli::parse_go_duration};
+use crate::runtime::{Feature, Runtime, cli::parse_go_duration, rbac::rule};
 
 /// Every CRD this feature ships: MiroirSnapshot and the MiroirVolume subset.
 pub fn crds() -> Vec<CustomResourceDefinition> {
@@ -46,16 +46,6 @@ pub struct Settings {
     pub agent_stale_after: Duration,
 }
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    let v = |xs: &[&str]| Some(xs.iter().map(|s| s.to_string()).collect());
-    PolicyRule {
-        api_groups: v(groups),
-        resources: v(resources),
-        verbs: verbs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
 /// The manager's rules (spec §15).
 pub fn rbac() -> Vec<PolicyRule> {
     vec![
@@ -70,13 +60,17 @@ pub fn rbac() -> Vec<PolicyRule> {
             &["miroirvolumes"],
             &["get", "list", "watch"],
         ),
-        rule(
-            &["coordination.k8s.io"],
-            &["leases"],
-            &["get", "list", "watch"],
-        ),
-        rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
+        rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
     ]
+}
+
+/// In the agent namespace (by default the manager's): the agents' heartbeat Leases.
+pub fn namespaced_rbac() -> Vec<PolicyRule> {
+    vec![rule(
+        &["coordination.k8s.io"],
+        &["leases"],
+        &["get", "list", "watch"],
+    )]
 }
 
 fn start(
@@ -107,6 +101,7 @@ pub static FEATURE: Feature = Feature {
     about: "MiroirSnapshot round coordinator for crash-consistent replicated-volume snapshots",
     crds,
     rbac,
+    namespaced_rbac,
     settings: <Settings as Args>::augment_args,
     start,
     agents: &[agent::run::AGENT],

@@ -202,6 +202,11 @@ pub fn rbac() -> Vec<PolicyRule> {
     ]
 }
 
+/// The export CA Secret lives in the manager's namespace (§7.4.1).
+pub fn namespaced_rbac() -> Vec<PolicyRule> {
+    vec![rule(&[""], &["secrets"], &["get", "create"])]
+}
+
 fn start(
     rt: Runtime,
     matches: clap::ArgMatches,
@@ -235,6 +240,7 @@ pub static FEATURE: Feature = Feature {
     about: "KubeVirt VirtualMachineExport reconciler; its data path is `ucm export-server`",
     crds,
     rbac,
+    namespaced_rbac,
     settings: <Settings as Args>::augment_args,
     start,
     agents: &[agent::AGENT],

@@ -2,12 +2,13 @@
 // embedded etcd + in-process kube-apiserver, optionally kube-controller-manager as a child.
 // Design: shared/spec/local-cluster.md §2.
 //
-//	kharness serve --dir D [--with-kcm] [--rm-dir] [--exit-on-stdin-eof]
+//	kharness serve --dir D [--with-kcm] [--rm-dir] [--exit-on-stdin-eof] [--verbose] [-- apiserver flags]
 //	kharness kcm --kubeconfig D/kubeconfig [kube-controller-manager flags...]
 package main
 
 import (
 	"fmt"
+	"log"
 	"os"
 	_ "time/tzdata" // as cmd/kube-apiserver: time zone support for CronJob
 
@@ -19,9 +20,31 @@ import (
 )
 
 const usage = `usage:
-  kharness serve --dir D [--with-kcm] [--rm-dir] [--exit-on-stdin-eof]
+  kharness serve --dir D [--with-kcm] [--rm-dir] [--exit-on-stdin-eof] [--verbose] [-- apiserver flags]
   kharness kcm --kubeconfig D/kubeconfig [kube-controller-manager flags...]
 `
+
+// logger writes to the real stderr: cli.Run redirects the standard log package into klog.
+var logger = log.New(os.Stderr, "kharness: ", log.Ltime|log.Lmicroseconds)
+
+// stdout is the real standard output, kept for the READY line (see quietLogFlags).
+var stdout = os.Stdout
+
+// quietLogFlags keeps stderr readable: ~150 info lines at apiserver start are noise in test logs.
+// With text split-stream, klog sends info lines to os.Stdout as it is when logging is applied
+// (component-base LoggingOptions default) and warnings/errors to stderr; we point os.Stdout at
+// /dev/null first. KHARNESS_VERBOSE=1 (serve --verbose) keeps everything on stderr.
+func quietLogFlags() []string {
+	if os.Getenv("KHARNESS_VERBOSE") != "" {
+		return nil
+	}
+	devnull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return nil
+	}
+	os.Stdout = devnull
+	return []string{"--feature-gates=LoggingAlphaOptions=true", "--log-text-split-stream=true"}
+}
 
 func main() {
 	if len(os.Args) < 2 {
@@ -42,19 +65,19 @@ func main() {
 }
 
 // kcmControllers are the only controllers ucm's tests need (spec §2.7): never the workload
-// controllers, which would overwrite statuses that tests set by hand.
+// controllers, which would overwrite statuses that tests set by hand. Names as in 1.37
+// (cmd/kube-controller-manager/names). clusterrole-aggregation-controller fills the built-in
+// aggregated roles (view, edit, admin), which otherwise have no rules.
 const kcmControllers = "garbage-collector-controller,namespace-controller,serviceaccount-controller," +
-	"root-ca-certificate-publisher-controller"
+	"root-ca-certificate-publisher-controller,clusterrole-aggregation-controller"
 
 // kcm runs kube-controller-manager in this process. It must be its own process: the apiserver
 // and KCM share process-global state (feature gates, logging, metrics registries).
 func kcm(args []string) int {
 	cmd := kcmapp.NewControllerManagerCommand()
 	// Defaults first so that caller flags given later win.
-	cmd.SetArgs(append([]string{
-		"--controllers=" + kcmControllers,
-		"--leader-elect=false",
-		"--secure-port=0",
-	}, args...))
+	defaults := []string{"--controllers=" + kcmControllers, "--leader-elect=false", "--secure-port=0"}
+	cmd.SetArgs(append(append(defaults, quietLogFlags()...), args...))
+	cmd.SetOut(os.Stderr)
 	return cli.Run(cmd)
 }

@@ -1,13 +1,13 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log"
 	"net/http"
 	"net/url"
 	"os"
@@ -21,7 +21,10 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"k8s.io/component-base/cli"
+	"k8s.io/klog/v2"
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 )
 
@@ -33,8 +36,11 @@ type harness struct {
 	tok                        tokens
 	signalled                  atomic.Bool   // a SIGTERM/SIGINT reached the process (or we sent one)
 	stop                       chan struct{} // closed on the first signal
+	ctx                        context.Context
+	cancel                     context.CancelFunc // called with close(stop): aborts in-flight probes
 	etcd                       *embed.Etcd
-	apiExited                  chan struct{} // nil until the apiserver goroutine runs
+	etcdLevel                  zap.AtomicLevel // error; raised to fatal before Close, which logs closed listeners as errors
+	apiExited                  chan struct{}   // nil until the apiserver goroutine runs
 	apiCode                    int
 	kcmCmd                     *exec.Cmd
 	kcmExited                  chan struct{}
@@ -45,9 +51,24 @@ type harness struct {
 var errStopped = errors.New("stopped by signal")
 
 func serve(args []string) int {
-	log.SetFlags(log.Ltime | log.Lmicroseconds)
-	log.SetPrefix("kharness: ")
-	h := &harness{stop: make(chan struct{})}
+	h := &harness{stop: make(chan struct{}), etcdLevel: zap.NewAtomicLevelAt(zapcore.ErrorLevel)}
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	// A signal during startup cancels the apiserver's context; a post-start hook then fails and
+	// the apiserver calls klog.Fatal, i.e. klog.OsExit(255), skipping our shutdown. Still leave no
+	// child or D behind; ports die with the process. Exit 0 if a stop was requested.
+	klog.OsExit = func(code int) {
+		if h.kcmCmd != nil {
+			_ = h.kcmCmd.Process.Kill()
+		}
+		if h.rmDir && h.dir != "" {
+			_ = os.RemoveAll(h.dir)
+		}
+		if h.stopped() {
+			logger.Printf("apiserver aborted while stopping during startup; exit 0")
+			code = 0
+		}
+		os.Exit(code)
+	}
 
 	// Register our own channel before anything else: until the apiserver installs its handler a
 	// signal would otherwise kill us with the default action and leak D with --rm-dir. We never
@@ -57,10 +78,11 @@ func serve(args []string) int {
 	go func() {
 		s := <-sig
 		h.signalled.Store(true)
-		log.Printf("received %v, shutting down", s)
+		logger.Printf("received %v, shutting down", s)
 		close(h.stop)
+		h.cancel()
 		for s := range sig {
-			log.Printf("received %v again (the apiserver handler exits with 1 on a second signal)", s)
+			logger.Printf("received %v again (the apiserver handler exits with 1 on a second signal)", s)
 		}
 	}()
 
@@ -69,8 +91,9 @@ func serve(args []string) int {
 	fs.BoolVar(&h.withKCM, "with-kcm", false, "also run kube-controller-manager (GC, namespaces, ServiceAccounts)")
 	fs.BoolVar(&h.rmDir, "rm-dir", false, "remove D on exit")
 	fs.BoolVar(&h.stdinEOF, "exit-on-stdin-eof", false, "shut down when stdin reaches EOF")
+	verbose := fs.Bool("verbose", false, "keep info-level apiserver/KCM logs (sets KHARNESS_VERBOSE=1 for the KCM child)")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: kharness serve --dir D [--with-kcm] [--rm-dir] [--exit-on-stdin-eof] [-- extra apiserver flags]")
+		fmt.Fprintln(os.Stderr, "usage: kharness serve --dir D [--with-kcm] [--rm-dir] [--exit-on-stdin-eof] [--verbose] [-- extra apiserver flags]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -81,11 +104,14 @@ func serve(args []string) int {
 		return 2
 	}
 	h.extra = fs.Args()
+	if *verbose {
+		_ = os.Setenv("KHARNESS_VERBOSE", "1")
+	}
 
 	if h.stdinEOF {
 		go func() {
 			_, _ = io.Copy(io.Discard, os.Stdin)
-			log.Printf("stdin closed")
+			logger.Printf("stdin closed")
 			h.requestStop() // same path as an external SIGTERM
 		}()
 	}
@@ -93,16 +119,16 @@ func serve(args []string) int {
 	code := 0
 	if err := h.run(); err != nil {
 		if errors.Is(err, errStopped) {
-			log.Printf("stopped during startup")
+			logger.Printf("stopped during startup")
 		} else {
-			log.Printf("error: %v", err)
+			logger.Printf("error: %v", err)
 			code = 1
 		}
 	}
 	if !h.shutdown() && code == 0 {
 		code = 1
 	}
-	log.Printf("exit %d", code)
+	logger.Printf("exit %d", code)
 	return code
 }
 
@@ -150,7 +176,7 @@ func (h *harness) run() error {
 	if err := h.startAPIServer(); err != nil {
 		return err
 	}
-	log.Printf("apiserver ready on https://127.0.0.1:%d after %.1fs", h.p.APIServer, time.Since(start).Seconds())
+	logger.Printf("apiserver ready on https://127.0.0.1:%d after %.1fs", h.p.APIServer, time.Since(start).Seconds())
 
 	server := fmt.Sprintf("https://127.0.0.1:%d", h.p.APIServer)
 	h.kubeconfig, h.kubeconfigUser = h.path("kubeconfig"), h.path("kubeconfig-user")
@@ -164,9 +190,9 @@ func (h *harness) run() error {
 		if err := h.startKCM(); err != nil {
 			return err
 		}
-		log.Printf("kube-controller-manager ready (default ServiceAccount exists) after %.1fs", time.Since(start).Seconds())
+		logger.Printf("kube-controller-manager ready (controllers running) after %.1fs", time.Since(start).Seconds())
 	}
-	fmt.Printf("READY %s\n", h.kubeconfig) // the only stdout line
+	fmt.Fprintf(stdout, "READY %s\n", h.kubeconfig) // the only stdout line
 
 	select {
 	case <-h.stop:
@@ -188,8 +214,8 @@ func (h *harness) startEtcd() error {
 		cfg.Name = "kharness"
 		cfg.Dir = h.path("etcd")
 		cfg.UnsafeNoFsync = true // test data only; much faster on slow disks
-		cfg.LogLevel = "error"
-		cfg.LogOutputs = []string{"stderr"}
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(zapcore.NewCore(
+			zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), h.etcdLevel)))
 		client := url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(p.EtcdClient)}
 		peer := url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(p.EtcdPeer)}
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
@@ -198,7 +224,7 @@ func (h *harness) startEtcd() error {
 		e, err := embed.StartEtcd(cfg)
 		if err != nil {
 			if fresh && attempt < 5 {
-				log.Printf("etcd failed on fresh ports (%v), retrying", err)
+				logger.Printf("etcd failed on fresh ports (%v), retrying", err)
 				_ = os.RemoveAll(cfg.Dir)
 				continue
 			}
@@ -216,7 +242,7 @@ func (h *harness) startEtcd() error {
 	}
 	go func() {
 		if err := <-h.etcd.Err(); err != nil {
-			log.Printf("etcd: %v", err)
+			logger.Printf("etcd: %v", err)
 		}
 	}()
 	// Record the ports only once etcd runs on them (the apiserver port was checked free with them).
@@ -245,6 +271,7 @@ func (h *harness) startAPIServer() error {
 		"--allow-privileged=true",
 		"--v=0",
 	}
+	args = append(args, quietLogFlags()...)
 	if !h.withKCM {
 		// Only KCM creates the `default` ServiceAccount that this plugin requires for Pods.
 		args = append(args, "--disable-admission-plugins=ServiceAccount")
@@ -290,7 +317,7 @@ func (h *harness) startAPIServer() error {
 func (h *harness) waitOK(path string, deadline time.Time) error {
 	last := "no response"
 	for {
-		req, _ := http.NewRequest("GET", fmt.Sprintf("https://127.0.0.1:%d%s", h.p.APIServer, path), nil)
+		req, _ := http.NewRequestWithContext(h.ctx, "GET", fmt.Sprintf("https://127.0.0.1:%d%s", h.p.APIServer, path), nil)
 		req.Header.Set("Authorization", "Bearer "+h.tok.admin)
 		resp, err := h.client.Do(req)
 		if err != nil {
@@ -322,6 +349,13 @@ func (h *harness) startKCM() error {
 	if err != nil {
 		return err
 	}
+	// On a reused D the `default` ServiceAccount already exists and proves nothing. Deleting
+	// kube-public/kube-root-ca.crt before KCM starts and waiting for it to be published again shows
+	// that KCM's controllers run, on any start. The ConfigMap is recreated with the same CA.
+	const rootCA = "/api/v1/namespaces/kube-public/configmaps/kube-root-ca.crt"
+	if err := h.deleteIfExists(rootCA); err != nil {
+		return err
+	}
 	cmd := exec.Command(self, "kcm", "--kubeconfig="+h.kubeconfig, "--root-ca-file="+h.path("pki", "ca.crt"))
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	// Pdeathsig: the child dies with us even if we are SIGKILLed.
@@ -337,7 +371,7 @@ func (h *harness) startKCM() error {
 		if err == nil {
 			err = cmd.Wait()
 			if !h.stopped() {
-				log.Printf("kube-controller-manager exited unexpectedly: %v", err)
+				logger.Printf("kube-controller-manager exited unexpectedly: %v", err)
 			}
 		}
 		close(h.kcmExited)
@@ -346,7 +380,28 @@ func (h *harness) startKCM() error {
 		return fmt.Errorf("start kube-controller-manager: %w", err)
 	}
 	h.kcmCmd = cmd
-	return h.waitOK("/api/v1/namespaces/default/serviceaccounts/default", time.Now().Add(120*time.Second))
+	deadline := time.Now().Add(120 * time.Second)
+	for _, path := range []string{"/api/v1/namespaces/default/serviceaccounts/default", rootCA} {
+		if err := h.waitOK(path, deadline); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *harness) deleteIfExists(path string) error {
+	req, _ := http.NewRequestWithContext(h.ctx, "DELETE", fmt.Sprintf("https://127.0.0.1:%d%s", h.p.APIServer, path), nil)
+	req.Header.Set("Authorization", "Bearer "+h.tok.admin)
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusNotFound {
+		return fmt.Errorf("DELETE %s: %s: %s", path, resp.Status, body)
+	}
+	return nil
 }
 
 // shutdown follows spec §2.8: KCM (SIGTERM, 10 s, SIGKILL), apiserver (≤ 30 s), etcd, D.
@@ -365,7 +420,7 @@ func (h *harness) shutdown() bool {
 		select {
 		case <-h.kcmExited:
 		case <-time.After(10 * time.Second):
-			log.Printf("kube-controller-manager ignored SIGTERM for 10s, killing it")
+			logger.Printf("kube-controller-manager ignored SIGTERM for 10s, killing it")
 			_ = h.kcmCmd.Process.Kill()
 			<-h.kcmExited
 		}
@@ -374,23 +429,24 @@ func (h *harness) shutdown() bool {
 		select {
 		case <-h.apiExited:
 		case <-time.After(30 * time.Second):
-			log.Printf("apiserver did not stop within 30s")
+			logger.Printf("apiserver did not stop within 30s")
 			ok = false
 		}
 	}
 	if h.etcd != nil {
 		done := make(chan struct{})
+		h.etcdLevel.SetLevel(zapcore.FatalLevel)
 		go func() { h.etcd.Close(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(15 * time.Second):
-			log.Printf("etcd did not close within 15s")
+			logger.Printf("etcd did not close within 15s")
 			ok = false
 		}
 	}
 	if h.rmDir && h.dir != "" {
 		if err := os.RemoveAll(h.dir); err != nil {
-			log.Printf("remove %s: %v", h.dir, err)
+			logger.Printf("remove %s: %v", h.dir, err)
 			ok = false
 		}
 	}

@@ -164,7 +164,9 @@ pub fn shared_kubeconfig() -> PathBuf {
     static KEEP: Mutex<Option<Harness>> = Mutex::new(None);
     SHARED
         .get_or_init(|| {
-            if let Ok(kc) = std::env::var("UCM_E2E_KUBECONFIG") {
+            if let Ok(kc) = std::env::var("UCM_E2E_KUBECONFIG").map(|s| s.trim().to_string())
+                && !kc.is_empty()
+            {
                 return PathBuf::from(kc);
             }
             let tmp = tempfile::Builder::new()

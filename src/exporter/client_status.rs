@@ -1,0 +1,234 @@
+//! Pure derivation of the Client status (spec §3.4): credential, endpoint, `tokenExpiresAt`,
+//! `TokenExpiring`, the next threshold wake-up, and the events.
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::exporter_status::{
+    EventSpec, TOKEN_EXPIRING, expiry_thresholds, next_delay, rfc3339, token_expiring,
+};
+use super::token::{Claims, MintReason};
+use super::types::{Client, ClientStatus, LocalObjectReference};
+use crate::conditions;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredClientStatus {
+    pub status: ClientStatus,
+    pub requeue_after: Option<std::time::Duration>,
+}
+
+/// `token` is the claims of the token in `<name>-client` after any mint in this pass.
+pub fn desired_status(
+    client: &Client,
+    token: &Claims,
+    endpoint: &str,
+    max_requeue: SignedDuration,
+    now: Timestamp,
+) -> DesiredClientStatus {
+    let name = client.metadata.name.clone().unwrap_or_default();
+    let mut status = client.status.clone().unwrap_or_default();
+    status.credential = Some(LocalObjectReference::new(format!("{name}-client")));
+    status.endpoint = Some(endpoint.to_string());
+    status.token_expires_at = Some(Time(token.expires_at()));
+    let mut conds = status.conditions.take().unwrap_or_default();
+    conditions::set(
+        &mut conds,
+        token_expiring(token.expires_at(), now),
+        client.metadata.generation,
+        &conditions::truncate(now),
+    );
+    status.conditions = Some(conds);
+    // OURS: wake at the next TokenExpiring threshold instead of every 24 h.
+    let requeue_after = next_delay(&expiry_thresholds(token.expires_at()), now, max_requeue);
+    DesiredClientStatus {
+        status,
+        requeue_after,
+    }
+}
+
+/// Events after a persisted write: `CredentialCreated` when a token was minted, and
+/// `TokenExpiringSoon` when `TokenExpiring` became True (upstream's texts).
+pub fn events(
+    name: &str,
+    minted: Option<MintReason>,
+    old: Option<&ClientStatus>,
+    new: &ClientStatus,
+) -> Vec<EventSpec> {
+    let mut out = Vec::new();
+    let secret = format!("{name}-client");
+    if let Some(reason) = minted {
+        let note = match reason {
+            MintReason::Created => format!("Credential secret created for client: secret={secret}"),
+            MintReason::Renewed => format!("Credential token renewed for client: secret={secret}"),
+            MintReason::Replaced(_) => {
+                format!("Credential token replaced (invalid) for client: secret={secret}")
+            }
+        };
+        out.push(EventSpec {
+            warning: false,
+            reason: "CredentialCreated",
+            note,
+        });
+    }
+    let was = old.is_some_and(|s| {
+        conditions::is_true(s.conditions.as_deref().unwrap_or_default(), TOKEN_EXPIRING)
+    });
+    let is = conditions::is_true(
+        new.conditions.as_deref().unwrap_or_default(),
+        TOKEN_EXPIRING,
+    );
+    if !was && is {
+        let expires = new
+            .token_expires_at
+            .as_ref()
+            .map(|t| rfc3339(t.0))
+            .unwrap_or_default();
+        out.push(EventSpec {
+            warning: true,
+            reason: "TokenExpiringSoon",
+            note: format!("Token for client {name} is expiring soon: expires={expires}"),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exporter::token::{AUDIENCE, ISSUER, Invalid};
+    use crate::exporter::types::ClientSpec;
+    use kube::api::ObjectMeta;
+
+    const NOW: i64 = 1_800_000_000;
+    const DAY: i64 = 86_400;
+
+    fn ts(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    fn client(status: Option<ClientStatus>) -> Client {
+        Client {
+            metadata: ObjectMeta {
+                name: Some("c1".into()),
+                generation: Some(2),
+                ..Default::default()
+            },
+            spec: ClientSpec::default(),
+            status,
+        }
+    }
+
+    fn claims(exp: i64) -> Claims {
+        Claims {
+            iss: ISSUER.into(),
+            aud: vec![AUDIENCE.into()],
+            sub: "client:ns:c1:u".into(),
+            iat: exp - 365 * DAY,
+            exp,
+        }
+    }
+
+    #[test]
+    fn status_fields_and_next_threshold() {
+        let d = desired_status(
+            &client(None),
+            &claims(NOW + 100 * DAY + 60),
+            "ctrl:8082",
+            SignedDuration::from_hours(24 * 400),
+            ts(NOW),
+        );
+        assert_eq!(
+            d.status.credential,
+            Some(LocalObjectReference::new("c1-client"))
+        );
+        assert_eq!(d.status.endpoint.as_deref(), Some("ctrl:8082"));
+        assert_eq!(
+            d.status.token_expires_at,
+            Some(Time(ts(NOW + 100 * DAY + 60)))
+        );
+        let c = conditions::find(d.status.conditions.as_deref().unwrap(), TOKEN_EXPIRING).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "Valid"));
+        assert_eq!(c.observed_generation, Some(2));
+        // Next threshold: exp − 30 d.
+        assert_eq!(
+            d.requeue_after,
+            Some(std::time::Duration::from_secs((70 * DAY + 60) as u64))
+        );
+        // Capped by the max requeue.
+        let capped = desired_status(
+            &client(None),
+            &claims(NOW + 100 * DAY),
+            "e",
+            SignedDuration::from_hours(24),
+            ts(NOW),
+        );
+        assert_eq!(
+            capped.requeue_after,
+            Some(std::time::Duration::from_secs(DAY as u64))
+        );
+        // Past every threshold: watch-driven only.
+        let expired = desired_status(
+            &client(None),
+            &claims(NOW - 1),
+            "e",
+            SignedDuration::from_hours(24),
+            ts(NOW),
+        );
+        assert_eq!(expired.requeue_after, None);
+    }
+
+    #[test]
+    fn second_pass_is_unchanged() {
+        let token = claims(NOW + 100 * DAY + 3600);
+        let first = desired_status(
+            &client(None),
+            &token,
+            "e",
+            SignedDuration::from_hours(24),
+            ts(NOW),
+        );
+        let second = desired_status(
+            &client(Some(first.status.clone())),
+            &token,
+            "e",
+            SignedDuration::from_hours(24),
+            ts(NOW + 30),
+        );
+        assert_eq!(first.status, second.status);
+    }
+
+    #[test]
+    fn events_follow_upstream_texts() {
+        let soon = desired_status(
+            &client(None),
+            &claims(NOW + 10 * DAY),
+            "e",
+            SignedDuration::from_hours(24),
+            ts(NOW),
+        )
+        .status;
+        let ev = events("c1", Some(MintReason::Created), None, &soon);
+        assert_eq!(ev[0].reason, "CredentialCreated");
+        assert_eq!(
+            ev[0].note,
+            "Credential secret created for client: secret=c1-client"
+        );
+        assert_eq!(ev[1].reason, "TokenExpiringSoon");
+        assert_eq!(
+            ev[1].note,
+            format!(
+                "Token for client c1 is expiring soon: expires={}",
+                rfc3339(ts(NOW + 10 * DAY))
+            )
+        );
+        assert!(events("c1", None, Some(&soon), &soon).is_empty());
+        let ev = events(
+            "c1",
+            Some(MintReason::Replaced(Invalid::Subject)),
+            Some(&soon),
+            &soon,
+        );
+        assert_eq!(ev.len(), 1);
+        assert!(ev[0].note.contains("replaced (invalid)"));
+    }
+}

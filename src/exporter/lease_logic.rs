@@ -1,0 +1,664 @@
+//! Pure Lease decisions (spec §6): the assignment decision order, policy approval, filters and
+//! ordering, the Pending backoff, and the start/end/expiry rules. The reconciler gathers the
+//! inputs (IO) and writes the result.
+
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::exporter_status::{ONLINE, REGISTERED, owes_after_lease};
+use super::godur;
+use super::selector;
+use super::types::{
+    Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, Lease, LeaseStatus,
+    LocalObjectReference,
+};
+use crate::conditions::{self, Desired};
+
+pub const PENDING: &str = "Pending";
+pub const READY: &str = "Ready";
+pub const UNSATISFIABLE: &str = "Unsatisfiable";
+pub const INVALID: &str = "Invalid";
+
+/// Label that marks ended leases (the cheap filter for active ones).
+pub const ENDED_LABEL: &str = "jumpstarter.dev/lease-ended";
+pub const ENDED_VALUE: &str = "true";
+
+const MAX_PENDING_REQUEUE: Duration = Duration::from_secs(30);
+const MAX_DESCRIPTIONS: usize = 4096;
+
+/// What the assignment step decided (§6.2).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Assignment {
+    /// Row 1: scheduled for later; no condition.
+    Scheduled(Duration),
+    Invalid {
+        reason: &'static str,
+        message: String,
+    },
+    Unsatisfiable {
+        reason: &'static str,
+        message: String,
+    },
+    Pending {
+        reason: &'static str,
+        message: String,
+    },
+    Assign {
+        exporter: String,
+        priority: i64,
+        spot_access: bool,
+    },
+}
+
+/// Everything the decision reads, gathered by the reconciler from its caches.
+pub struct AssignInputs<'a> {
+    pub lease: &'a Lease,
+    /// Every Exporter in the lease's namespace.
+    pub exporters: &'a [Exporter],
+    /// The active Leases in the namespace (no ended label, `status.ended` false).
+    pub active_leases: &'a [Lease],
+    /// The ExporterAccessPolicies in the namespace.
+    pub policies: &'a [ExporterAccessPolicy],
+    /// The lease's Client; only read when policies exist.
+    pub client: Option<&'a Client>,
+    pub now: Timestamp,
+}
+
+/// A decision that cannot be made from the inputs: the reconciler retries with backoff.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssignError {
+    #[error("client {0} of the lease was not found; it is needed to evaluate the access policies")]
+    ClientNotFound(String),
+}
+
+#[derive(Debug, Clone)]
+struct Approved<'a> {
+    exporter: &'a Exporter,
+    priority: i64,
+    spot_access: bool,
+    existing_spot: Option<bool>,
+}
+
+impl Approved<'_> {
+    fn name(&self) -> &str {
+        self.exporter.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
+fn name_of(e: &Exporter) -> &str {
+    e.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn labels_of(e: &Exporter) -> std::collections::BTreeMap<String, String> {
+    e.metadata.labels.clone().unwrap_or_default()
+}
+
+/// The requested duration for policy limits: `spec.duration`, else `endTime − beginTime`.
+fn requested_duration(lease: &Lease) -> SignedDuration {
+    if let Some(d) = lease
+        .spec
+        .duration
+        .as_deref()
+        .and_then(|d| godur::parse(d).ok())
+    {
+        return d;
+    }
+    match (&lease.spec.begin_time, &lease.spec.end_time) {
+        (Some(b), Some(e)) => e.0.duration_since(b.0),
+        _ => SignedDuration::ZERO,
+    }
+}
+
+/// The §6.2 decision order. Runs only while the lease is not ended and has no exporter.
+pub fn decide_assignment(inp: &AssignInputs<'_>) -> Result<Assignment, AssignError> {
+    let lease = inp.lease;
+    if let Some(begin) = &lease.spec.begin_time
+        && begin.0 > inp.now
+    {
+        let wait = inp
+            .now
+            .duration_until(begin.0)
+            .try_into()
+            .unwrap_or_default();
+        return Ok(Assignment::Scheduled(wait));
+    }
+    let pinned = lease.spec.exporter_ref_name();
+    let sel = &lease.spec.selector;
+    if let Err(e) = selector::validate(sel) {
+        return Ok(Assignment::Invalid {
+            reason: "InvalidSelector",
+            message: format!("The selector for the lease is invalid: {}", e.0),
+        });
+    }
+    if selector::is_empty(sel) && pinned.is_none() {
+        return Ok(Assignment::Invalid {
+            reason: "InvalidSelector",
+            message: "The selector for the lease is empty, a selector is required".into(),
+        });
+    }
+
+    let matching: Vec<&Exporter> = if let Some(name) = pinned {
+        let Some(exporter) = inp.exporters.iter().find(|e| name_of(e) == name) else {
+            return Ok(Assignment::Unsatisfiable {
+                reason: "ExporterNotFound",
+                message: format!("Requested exporter {name} was not found"),
+            });
+        };
+        if !selector::is_empty(sel)
+            && !selector::matches(sel, &labels_of(exporter)).unwrap_or(false)
+        {
+            return Ok(Assignment::Unsatisfiable {
+                reason: "SelectorMismatch",
+                message: format!(
+                    "Requested exporter {name} does not match selector {}",
+                    selector::format(sel)
+                ),
+            });
+        }
+        if !exporter.spec.is_enabled() && lease.spec.allow_disabled != Some(true) {
+            return Ok(Assignment::Unsatisfiable {
+                reason: "ExporterDisabled",
+                message: format!(
+                    "Requested exporter {name} is disabled. To lease a disabled exporter, set spec.allowDisabled: true on the Lease, or use --allow-disabled with jmp create lease or jmp shell"
+                ),
+            });
+        }
+        vec![exporter]
+    } else {
+        let listed: Vec<&Exporter> = inp
+            .exporters
+            .iter()
+            .filter(|e| selector::matches(sel, &labels_of(e)).unwrap_or(false))
+            .collect();
+        let enabled = filter_out_disabled(&listed);
+        if enabled.is_empty() && !listed.is_empty() {
+            return Ok(Assignment::Unsatisfiable {
+                reason: "AllDisabled",
+                message: format!(
+                    "All {} exporters matching the selector are disabled",
+                    listed.len()
+                ),
+            });
+        }
+        enabled
+    };
+
+    let (approved, unmatched) = approve(inp, &matching)?;
+    if approved.is_empty() {
+        let base = format!(
+            "While there are {} exporters matching the selector, none of them are approved by any policy for your client",
+            matching.len()
+        );
+        let message = if unmatched.is_empty() {
+            base
+        } else {
+            let mut desc = unmatched.join("; ");
+            if desc.len() > MAX_DESCRIPTIONS {
+                let mut cut = MAX_DESCRIPTIONS;
+                while !desc.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                desc.truncate(cut);
+                desc.push_str("...");
+            }
+            format!("{base}. Matching policies: {desc}")
+        };
+        return Ok(Assignment::Unsatisfiable {
+            reason: "NoAccess",
+            message,
+        });
+    }
+
+    let online: Vec<Approved<'_>> = approved
+        .iter()
+        .filter(|a| {
+            let conds = a
+                .exporter
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_deref())
+                .unwrap_or_default();
+            conditions::is_true(conds, REGISTERED) && conditions::is_true(conds, ONLINE)
+        })
+        .cloned()
+        .collect();
+    if online.is_empty() {
+        return Ok(Assignment::Pending {
+            reason: "Offline",
+            message: format!(
+                "While there are {} available exporters (i.e. {}), none of them are online",
+                approved.len(),
+                approved[0].name()
+            ),
+        });
+    }
+
+    let ordered = order(attach_existing(online, inp.active_leases));
+    if ordered[0].spot_access {
+        return Ok(Assignment::Unsatisfiable {
+            reason: "SpotAccess",
+            message: format!(
+                "The only possible exporters are under spot access (i.e. {}), but spot access is still not implemented",
+                ordered[0].name()
+            ),
+        });
+    }
+
+    let available: Vec<&Approved<'_>> = ordered
+        .iter()
+        .filter(|a| match a.existing_spot {
+            None => true,
+            Some(theirs_spot) => !a.spot_access && theirs_spot,
+        })
+        .collect();
+    if available.is_empty() {
+        return Ok(Assignment::Pending {
+            reason: "NotAvailable",
+            message: format!(
+                "There are {} approved exporters, (i.e. {}) but all of them are already leased",
+                ordered.len(),
+                ordered[0].name()
+            ),
+        });
+    }
+
+    let ready: Vec<&&Approved<'_>> = available.iter().filter(|a| is_ready(a.exporter)).collect();
+    if ready.is_empty() {
+        let mut message = format!(
+            "There are {} online exporters, but none are ready (still cleaning up previous lease)",
+            available.len()
+        );
+        message.push_str(&gate_suffix(available.iter().map(|a| a.exporter)));
+        return Ok(Assignment::Pending {
+            reason: "NotReady",
+            message,
+        });
+    }
+
+    let selected = ready[0];
+    if selected.existing_spot.is_some() {
+        return Ok(Assignment::Pending {
+            reason: "NotAvailable",
+            message: format!(
+                "Exporter {} is already leased by another client under spot access, but spot access eviction still not implemented",
+                selected.name()
+            ),
+        });
+    }
+    Ok(Assignment::Assign {
+        exporter: selected.name().to_string(),
+        priority: selected.priority,
+        spot_access: selected.spot_access,
+    })
+}
+
+/// Disabled exporters are dropped from selector matches; the input is not modified.
+fn filter_out_disabled<'a>(exporters: &[&'a Exporter]) -> Vec<&'a Exporter> {
+    exporters
+        .iter()
+        .copied()
+        .filter(|e| e.spec.is_enabled())
+        .collect()
+}
+
+/// Policy approval (rules 6.2.1–6.2.3). Returns one approval per applicable rule, and the
+/// non-empty, de-duplicated descriptions of rules that matched an exporter but not the client.
+fn approve<'a>(
+    inp: &AssignInputs<'_>,
+    candidates: &[&'a Exporter],
+) -> Result<(Vec<Approved<'a>>, Vec<String>), AssignError> {
+    let plain = |e: &'a Exporter| Approved {
+        exporter: e,
+        priority: 0,
+        spot_access: false,
+        existing_spot: None,
+    };
+    if inp.policies.is_empty() {
+        return Ok((candidates.iter().map(|e| plain(e)).collect(), Vec::new()));
+    }
+    let client = inp
+        .client
+        .ok_or_else(|| AssignError::ClientNotFound(inp.lease.spec.client_ref.name.clone()))?;
+    let client_labels = client.metadata.labels.clone().unwrap_or_default();
+    let requested = requested_duration(inp.lease);
+    let mut approved = Vec::new();
+    let mut unmatched: Vec<String> = Vec::new();
+    for exporter in candidates {
+        let labels = labels_of(exporter);
+        for policy in inp.policies {
+            let exporter_selector = policy.spec.exporter_selector.clone().unwrap_or_default();
+            if !selector::matches(&exporter_selector, &labels).unwrap_or(false) {
+                continue;
+            }
+            for rule in policy.spec.policies.iter().flatten() {
+                let mut client_matched = false;
+                for from in rule.from.iter().flatten() {
+                    let client_selector = from.client_selector.clone().unwrap_or_default();
+                    if !selector::matches(&client_selector, &client_labels).unwrap_or(false) {
+                        continue;
+                    }
+                    client_matched = true;
+                    if let Some(max) = &rule.maximum_duration {
+                        // An unparsable limit approves nothing rather than everything.
+                        match godur::parse(max) {
+                            Ok(max) if requested <= max => {}
+                            _ => continue,
+                        }
+                    }
+                    approved.push(Approved {
+                        exporter,
+                        priority: rule.priority.unwrap_or(0),
+                        spot_access: rule.spot_access.unwrap_or(false),
+                        existing_spot: None,
+                    });
+                }
+                if let Some(desc) = rule.description.as_deref().filter(|d| !d.is_empty())
+                    && !client_matched
+                    && !unmatched.iter().any(|u| u == desc)
+                {
+                    unmatched.push(desc.to_string());
+                }
+            }
+        }
+    }
+    Ok((approved, unmatched))
+}
+
+/// Attach each candidate's active lease (its spot flag), the last one in list order as upstream.
+fn attach_existing<'a>(mut approved: Vec<Approved<'a>>, active: &[Lease]) -> Vec<Approved<'a>> {
+    for a in &mut approved {
+        for lease in active {
+            let status = lease.status.as_ref();
+            if status.is_some_and(|s| !s.ended && s.exporter_ref_name() == Some(a.name())) {
+                a.existing_spot = Some(status.and_then(|s| s.spot_access).unwrap_or(false));
+            }
+        }
+    }
+    approved
+}
+
+/// §6.3 rule 2: unleased first, non-spot first, higher priority first, then name.
+fn order(mut approved: Vec<Approved<'_>>) -> Vec<Approved<'_>> {
+    approved.sort_by(|a, b| {
+        a.existing_spot
+            .is_some()
+            .cmp(&b.existing_spot.is_some())
+            .then(a.spot_access.cmp(&b.spot_access))
+            .then(b.priority.cmp(&a.priority))
+            .then(a.name().cmp(b.name()))
+    });
+    approved
+}
+
+/// Ready filter (row 11): `Available`, `Unspecified` or absent, and (OURS) not owing afterLease.
+pub fn is_ready(exporter: &Exporter) -> bool {
+    let Some(status) = exporter.status.as_ref() else {
+        return true;
+    };
+    let status_ok = matches!(
+        status.exporter_status,
+        None | Some(ExporterStatusValue::Available) | Some(ExporterStatusValue::Unspecified)
+    );
+    status_ok && !owes_after_lease(status)
+}
+
+/// Rule 5.4.3: the chosen exporter, read fresh just before the write, must still be ready.
+/// Returns the Pending decision that replaces the assignment when it is not.
+pub fn gate_on_fresh(exporter: &Exporter) -> Option<Assignment> {
+    if is_ready(exporter) {
+        return None;
+    }
+    let mut message =
+        "There are 1 online exporters, but none are ready (still cleaning up previous lease)"
+            .to_string();
+    message.push_str(&gate_suffix(std::iter::once(exporter)));
+    Some(Assignment::Pending {
+        reason: "NotReady",
+        message,
+    })
+}
+
+/// `; afterLease hook owed for lease <lease> by exporter <exporter> (and K more)` for the
+/// gated exporters, first by name; empty when none is gated.
+fn gate_suffix<'a>(exporters: impl Iterator<Item = &'a Exporter>) -> String {
+    let mut gated: Vec<&Exporter> = exporters
+        .filter(|e| e.status.as_ref().is_some_and(owes_after_lease))
+        .collect();
+    gated.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+    gated.dedup_by(|a, b| name_of(a) == name_of(b));
+    let Some(first) = gated.first() else {
+        return String::new();
+    };
+    let lease = first
+        .status
+        .as_ref()
+        .and_then(|s| s.lease_hooks.as_ref())
+        .and_then(|r| r.lease_ref.as_ref())
+        .map_or("", |r| r.name.as_str());
+    let mut out = format!(
+        "; afterLease hook owed for lease {lease} by exporter {}",
+        name_of(first)
+    );
+    if gated.len() > 1 {
+        out.push_str(&format!(" (and {} more)", gated.len() - 1));
+    }
+    out
+}
+
+/// §6.4: 1 s with no Pending condition; else from 1 s doubling while below the time elapsed
+/// since `Pending.lastTransitionTime`, capped at 30 s.
+pub fn pending_backoff(pending_since: Option<Timestamp>, now: Timestamp) -> Duration {
+    let Some(since) = pending_since else {
+        return Duration::from_secs(1);
+    };
+    let elapsed: Duration = now.duration_since(since).try_into().unwrap_or_default();
+    let mut backoff = Duration::from_secs(1);
+    while backoff < MAX_PENDING_REQUEUE && backoff < elapsed {
+        backoff *= 2;
+    }
+    backoff.min(MAX_PENDING_REQUEUE)
+}
+
+/// The result of one Lease pass (§6.2, §6.5).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseOutcome {
+    pub status: LeaseStatus,
+    pub requeue_after: Option<Duration>,
+    /// The exporter assigned in this pass (acquisition success when persisted).
+    pub assigned: Option<String>,
+}
+
+/// The expiration instant of a started lease: `spec.endTime`, else `spec.beginTime + duration`,
+/// else `status.beginTime + duration`; None when no field gives one (expires at once).
+pub fn expiration(lease: &Lease, duration: Option<SignedDuration>) -> Option<Timestamp> {
+    let begun = lease.status.as_ref().and_then(|s| s.begin_time.as_ref())?;
+    if let Some(end) = &lease.spec.end_time {
+        return Some(end.0);
+    }
+    let d = duration?;
+    Some(match &lease.spec.begin_time {
+        Some(b) => b.0 + d,
+        None => begun.0 + d,
+    })
+}
+
+/// One pass over a lease: assignment (when given), start, and end rules.
+/// `assignment` is the result of [`decide_assignment`] when the lease was not ended and had no
+/// exporter (the caller skips the decision otherwise).
+pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestamp) -> LeaseOutcome {
+    let generation = lease.metadata.generation;
+    let stamp = conditions::truncate(now);
+    let mut status = lease.status.clone().unwrap_or_default();
+    let mut conds = status.conditions.take().unwrap_or_default();
+    let mut requeue_after = None;
+    let mut assigned = None;
+
+    let duration = match lease.spec.duration.as_deref().map(godur::parse) {
+        Some(Err(e)) if !status.ended => {
+            conditions::set(
+                &mut conds,
+                Desired::new(
+                    INVALID,
+                    true,
+                    "InvalidDuration",
+                    format!("spec.duration: {e}"),
+                ),
+                generation,
+                &stamp,
+            );
+            None
+        }
+        Some(Ok(d)) => Some(d),
+        _ => None,
+    };
+
+    if !status.ended {
+        match assignment {
+            None => {}
+            Some(Assignment::Scheduled(wait)) => requeue_after = Some(wait),
+            Some(Assignment::Invalid { reason, message }) => {
+                conditions::set(
+                    &mut conds,
+                    Desired::new(INVALID, true, reason, message),
+                    generation,
+                    &stamp,
+                );
+            }
+            Some(Assignment::Unsatisfiable { reason, message }) => {
+                conditions::set(
+                    &mut conds,
+                    Desired::new(UNSATISFIABLE, true, reason, message),
+                    generation,
+                    &stamp,
+                );
+            }
+            Some(Assignment::Pending { reason, message }) => {
+                conditions::set(
+                    &mut conds,
+                    Desired::new(PENDING, true, reason, message),
+                    generation,
+                    &stamp,
+                );
+                let since = conditions::find(&conds, PENDING).map(|c| c.last_transition_time.0);
+                requeue_after = Some(pending_backoff(since, now));
+            }
+            Some(Assignment::Assign {
+                exporter,
+                priority,
+                spot_access,
+            }) => {
+                status.exporter_ref = Some(LocalObjectReference::new(&exporter));
+                // Go's omitempty: zero priority and false spot access are not written.
+                status.priority = (priority != 0).then_some(priority);
+                status.spot_access = spot_access.then_some(true);
+                assigned = Some(exporter);
+            }
+        }
+    }
+
+    // Start (6.5.1): Pending keeps its last value (upstream quirk).
+    if status.exporter_ref_name().is_some() && status.begin_time.is_none() {
+        status.begin_time = Some(stamp.clone());
+        conditions::set(
+            &mut conds,
+            Desired::new(
+                READY,
+                true,
+                "Ready",
+                "An exporter has been acquired for the client",
+            ),
+            generation,
+            &stamp,
+        );
+    }
+
+    // End (6.5.2), first match wins.
+    if !status.ended {
+        if conditions::is_true(&conds, UNSATISFIABLE) || conditions::is_true(&conds, INVALID) {
+            status.ended = true;
+            status.end_time = Some(stamp.clone());
+            requeue_after = None;
+        } else if lease.spec.release == Some(true) {
+            conditions::set(
+                &mut conds,
+                Desired::new(READY, false, "Released", "The lease was marked for release"),
+                generation,
+                &stamp,
+            );
+            status.ended = true;
+            status.end_time = Some(stamp.clone());
+            requeue_after = None;
+        } else if status.begin_time.is_some() {
+            let mut started = lease.clone();
+            started.status = Some(status.clone());
+            match expiration(&started, duration) {
+                Some(at) if at > now => {
+                    requeue_after = now.duration_until(at).try_into().ok();
+                }
+                _ => {
+                    conditions::set(
+                        &mut conds,
+                        Desired::new(READY, false, "Expired", "The lease has expired"),
+                        generation,
+                        &stamp,
+                    );
+                    status.ended = true;
+                    status.end_time = Some(stamp.clone());
+                    requeue_after = None;
+                }
+            }
+        }
+    }
+
+    status.conditions = Some(conds);
+    LeaseOutcome {
+        status,
+        requeue_after,
+        assigned,
+    }
+}
+
+/// Whether a Lease is active for the purpose of `leaseRef` and the leased filter.
+pub fn is_active(lease: &Lease) -> bool {
+    let labelled_ended = lease
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.get(ENDED_LABEL).map(String::as_str) == Some(ENDED_VALUE));
+    !labelled_ended && lease.status.as_ref().is_some_and(|s| !s.ended)
+}
+
+/// The lease an exporter holds (§4.2 step 3): active, assigned to it; with several (which
+/// should not happen), the earliest `status.beginTime`, then the lowest name. The bool reports
+/// that several matched.
+pub fn held_lease<'a>(exporter_name: &str, leases: &'a [Lease]) -> (Option<&'a Lease>, bool) {
+    let mut held: Vec<&Lease> = leases
+        .iter()
+        .filter(|l| {
+            is_active(l)
+                && l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some(exporter_name)
+        })
+        .collect();
+    held.sort_by(|a, b| {
+        let begin = |l: &Lease| {
+            l.status
+                .as_ref()
+                .and_then(|s| s.begin_time.clone())
+                .map(|t: Time| t.0)
+        };
+        match (begin(a), begin(b)) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => std::cmp::Ordering::Equal,
+        }
+        .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+    });
+    (held.first().copied(), held.len() > 1)
+}
+
+#[cfg(test)]
+#[path = "lease_logic_tests.rs"]
+mod tests;

@@ -1,0 +1,212 @@
+//! The exporter feature's metrics (spec §8). No metric carries a per-object label; every label
+//! value is pre-initialised.
+
+use kube::runtime::reflector::Store;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use super::exporter_status::ONLINE;
+use super::types::{Exporter, ExporterStatusValue};
+use crate::conditions;
+use crate::runtime::controller::Guarded;
+
+pub const WRITE_SOURCES: [&str; 6] = [
+    "heartbeat",
+    "connect",
+    "report",
+    "register",
+    "unregister",
+    "reconcile",
+];
+
+#[derive(Clone)]
+pub struct Metrics {
+    /// `jumpstarter_lease_acquisitions_total{result}`.
+    pub acquisitions: IntCounterVec,
+    /// `ucm_exporter_status_writes_total{source}`.
+    pub status_writes: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let acquisitions = IntCounterVec::new(
+            Opts::new(
+                "jumpstarter_lease_acquisitions_total",
+                "Lease acquisitions by result: success when an exporter is assigned, failure when a lease becomes Unsatisfiable",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        for result in ["success", "failure"] {
+            acquisitions.with_label_values(&[result]);
+        }
+        let status_writes = IntCounterVec::new(
+            Opts::new(
+                "ucm_exporter_status_writes_total",
+                "Exporter status writes sent, by source",
+            ),
+            &["source"],
+        )
+        .expect("valid metric");
+        for source in WRITE_SOURCES {
+            status_writes.with_label_values(&[source]);
+        }
+        Metrics {
+            acquisitions,
+            status_writes,
+        }
+    }
+
+    pub fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
+        registry.register(Box::new(self.acquisitions.clone()))?;
+        registry.register(Box::new(self.status_writes.clone()))
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Gauges computed from the Exporter cache at scrape time.
+pub struct ExporterGauges {
+    store: Store<Guarded<Exporter>>,
+    by_status: IntGaugeVec,
+    online: IntGaugeVec,
+}
+
+impl ExporterGauges {
+    pub fn new(store: Store<Guarded<Exporter>>) -> Self {
+        ExporterGauges {
+            store,
+            by_status: IntGaugeVec::new(
+                Opts::new(
+                    "ucm_exporter_exporters",
+                    "Exporters per reported status (absent counts as Unspecified)",
+                ),
+                &["status"],
+            )
+            .expect("valid metric"),
+            online: IntGaugeVec::new(
+                Opts::new(
+                    "ucm_exporter_exporters_online",
+                    "Exporters with Online=True versus the rest",
+                ),
+                &["online"],
+            )
+            .expect("valid metric"),
+        }
+    }
+}
+
+/// Counts per status value and per online state (pure, for tests).
+pub fn count<'a>(exporters: impl Iterator<Item = &'a Exporter>) -> ([i64; 8], [i64; 2]) {
+    let mut by_status = [0i64; 8];
+    let mut online = [0i64; 2];
+    for e in exporters {
+        let status = e
+            .status
+            .as_ref()
+            .and_then(|s| s.exporter_status)
+            .unwrap_or(ExporterStatusValue::Unspecified);
+        let idx = ExporterStatusValue::ALL
+            .iter()
+            .position(|v| *v == status)
+            .unwrap_or(0);
+        by_status[idx] += 1;
+        let is_online = conditions::is_true(
+            e.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_deref())
+                .unwrap_or_default(),
+            ONLINE,
+        );
+        online[usize::from(is_online)] += 1;
+    }
+    (by_status, online)
+}
+
+impl Collector for ExporterGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        let mut d = self.by_status.desc();
+        d.extend(self.online.desc());
+        d
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let state = self.store.state();
+        let (by_status, online) = count(state.iter().filter_map(|g| g.0.as_ref().ok()));
+        for (value, n) in ExporterStatusValue::ALL.iter().zip(by_status) {
+            self.by_status.with_label_values(&[value.as_str()]).set(n);
+        }
+        self.online.with_label_values(&["false"]).set(online[0]);
+        self.online.with_label_values(&["true"]).set(online[1]);
+        let mut out = self.by_status.collect();
+        out.extend(self.online.collect());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exporter::types::{ExporterSpec, ExporterStatus};
+    use jiff::Timestamp;
+
+    fn exporter(status: Option<ExporterStatusValue>, online: bool) -> Exporter {
+        let mut conds = Vec::new();
+        conditions::set(
+            &mut conds,
+            conditions::Desired::new(ONLINE, online, "Seen", ""),
+            None,
+            &conditions::truncate(Timestamp::UNIX_EPOCH),
+        );
+        Exporter {
+            metadata: Default::default(),
+            spec: ExporterSpec::default(),
+            status: Some(ExporterStatus {
+                exporter_status: status,
+                conditions: Some(conds),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn counts_match_objects() {
+        let list = [
+            exporter(None, false),
+            exporter(Some(ExporterStatusValue::Available), true),
+            exporter(Some(ExporterStatusValue::Available), true),
+            exporter(Some(ExporterStatusValue::Offline), false),
+        ];
+        let (by_status, online) = count(list.iter());
+        assert_eq!(by_status, [1, 1, 2, 0, 0, 0, 0, 0]);
+        assert_eq!(online, [2, 2]);
+    }
+
+    #[test]
+    fn families_are_preinitialised() {
+        let m = Metrics::new();
+        let registry = Registry::new();
+        m.register(&registry).unwrap();
+        let (_, store_writer) = kube::runtime::reflector::store::<Guarded<Exporter>>();
+        let store = store_writer.as_reader();
+        registry
+            .register(Box::new(ExporterGauges::new(store)))
+            .unwrap();
+        let families = registry.gather();
+        let series = |name: &str| {
+            families
+                .iter()
+                .find(|f| f.name() == name)
+                .map_or(0, |f| f.get_metric().len())
+        };
+        assert_eq!(series("jumpstarter_lease_acquisitions_total"), 2);
+        assert_eq!(series("ucm_exporter_status_writes_total"), 6);
+        assert_eq!(series("ucm_exporter_exporters"), 8);
+        assert_eq!(series("ucm_exporter_exporters_online"), 2);
+    }
+}

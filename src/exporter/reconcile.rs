@@ -1,0 +1,482 @@
+//! IO of the Exporter, Client and Lease reconcilers: read, call the pure builders, write only
+//! what changed (a resourceVersion-fenced JSON merge patch of status), then emit events.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ListParams, ObjectMeta, Patch};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use tracing::{info, warn};
+
+use super::client_status;
+use super::exporter_status::{self, EventSpec, HeldLease};
+use super::lease_logic::{self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, UNSATISFIABLE};
+use super::settings::Settings;
+use super::token::{self, Claims, MintReason, SigningKey, TokenAction, TokenPolicy};
+use super::types::{Client, Exporter, ExporterAccessPolicy, Lease};
+use crate::conditions;
+use crate::runtime::{ReconcileError, WriteError, Writer};
+
+pub struct Ctx {
+    pub writer: Writer,
+    pub client: kube::Client,
+    pub settings: Settings,
+    pub key: SigningKey,
+    pub metrics: super::metrics::Metrics,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Assign(#[from] lease_logic::AssignError),
+}
+
+impl ReconcileError for Error {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Write(e) => e.metric_label(),
+            Error::Kube(_) => "kube",
+            Error::Assign(_) => "client_not_found",
+        }
+    }
+    fn is_conflict(&self) -> bool {
+        match self {
+            Error::Write(e) => e.is_conflict(),
+            Error::Kube(kube::Error::Api(s)) => s.code == 409,
+            _ => false,
+        }
+    }
+}
+
+/// An RFC 7386 merge patch turning `observed` into `desired` status: changed fields carry the
+/// desired value, removed fields (at any depth) carry null, lists are replaced whole.
+pub fn status_merge_patch<S: Serialize>(observed: Option<&S>, desired: &S) -> Option<Value> {
+    let old = observed.map_or(Value::Object(Map::new()), |o| {
+        serde_json::to_value(o).unwrap_or(Value::Null)
+    });
+    let new = serde_json::to_value(desired).unwrap_or(Value::Null);
+    merge_diff(&old, &new)
+}
+
+fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut patch = Map::new();
+            for (k, v) in n {
+                match o.get(k) {
+                    Some(ov) if ov == v => {}
+                    Some(ov) => {
+                        if let Some(d) = merge_diff(ov, v) {
+                            patch.insert(k.clone(), d);
+                        }
+                    }
+                    None => {
+                        patch.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            for k in o.keys().filter(|k| !n.contains_key(*k)) {
+                patch.insert(k.clone(), Value::Null);
+            }
+            (!patch.is_empty()).then_some(Value::Object(patch))
+        }
+        _ if old == new => None,
+        _ => Some(new.clone()),
+    }
+}
+
+fn controller_ref<K: Resource<DynamicType = ()>>(obj: &K) -> Option<OwnerReference> {
+    obj.controller_owner_ref(&())
+}
+
+fn has_controller_ref(meta: &ObjectMeta, owner: &OwnerReference) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.uid == owner.uid && r.controller == Some(true))
+}
+
+/// Ensures the credential Secret (rules 4.1.1–4.1.6). Returns the claims of the token it holds
+/// after this pass and why it was minted, if it was.
+async fn ensure_credential(
+    ctx: &Ctx,
+    namespace: &str,
+    secret_name: &str,
+    owner: &OwnerReference,
+    subject: &str,
+    policy: &TokenPolicy,
+    now: Timestamp,
+) -> Result<(Claims, Option<MintReason>), Error> {
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let existing = api.get_opt(secret_name).await?;
+    let stored = existing
+        .as_ref()
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get("token"))
+        .map(|b| b.0.as_slice());
+    match token::decide(stored, &ctx.key, subject, now, policy) {
+        TokenAction::Keep(claims) => {
+            if let Some(secret) = &existing
+                && !has_controller_ref(&secret.metadata, owner)
+            {
+                let mut refs = secret.metadata.owner_references.clone().unwrap_or_default();
+                refs.retain(|r| r.controller != Some(true));
+                refs.push(owner.clone());
+                let patch = json!({"metadata": {"ownerReferences": refs, "resourceVersion": secret.resource_version()}});
+                ctx.writer
+                    .patch(&api, secret_name, &Patch::Merge(patch))
+                    .await?;
+            }
+            Ok((claims, None))
+        }
+        TokenAction::Mint(reason) => {
+            let (jwt, claims) = token::mint(&ctx.key, subject, now, policy.lifetime);
+            let data = BTreeMap::from([("token".to_string(), ByteString(jwt.into_bytes()))]);
+            match existing {
+                None => {
+                    let secret = Secret {
+                        metadata: ObjectMeta {
+                            name: Some(secret_name.to_string()),
+                            namespace: Some(namespace.to_string()),
+                            owner_references: Some(vec![owner.clone()]),
+                            ..Default::default()
+                        },
+                        type_: Some("Opaque".into()),
+                        data: Some(data),
+                        ..Default::default()
+                    };
+                    ctx.writer.create(&api, &secret).await?;
+                }
+                Some(secret) => {
+                    let mut refs = secret.metadata.owner_references.clone().unwrap_or_default();
+                    if !has_controller_ref(&secret.metadata, owner) {
+                        refs.retain(|r| r.controller != Some(true));
+                        refs.push(owner.clone());
+                    }
+                    // `data` is replaced entirely (merge patch would keep stray keys).
+                    let patch: json_patch::Patch = serde_json::from_value(json!([
+                        {"op": "test", "path": "/metadata/resourceVersion", "value": secret.resource_version()},
+                        {"op": "add", "path": "/data", "value": data},
+                        {"op": "add", "path": "/metadata/ownerReferences", "value": refs},
+                    ]))
+                    .expect("valid JSON patch");
+                    ctx.writer
+                        .patch(&api, secret_name, &Patch::<()>::Json(patch))
+                        .await?;
+                }
+            }
+            Ok((claims, Some(reason)))
+        }
+    }
+}
+
+fn mint_note(kind: &str, reason: MintReason, secret: &str) -> String {
+    match reason {
+        MintReason::Created => format!("Credential secret created for {kind}: secret={secret}"),
+        MintReason::Renewed => format!("Credential token renewed for {kind}: secret={secret}"),
+        MintReason::Replaced(_) => {
+            format!("Credential token replaced (invalid) for {kind}: secret={secret}")
+        }
+    }
+}
+
+async fn emit<K: Resource<DynamicType = ()>>(ctx: &Ctx, obj: &K, events: &[EventSpec]) {
+    let regarding = obj.object_ref(&());
+    for e in events {
+        let t = if e.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        ctx.writer
+            .event(&regarding, t, e.reason, "Reconcile", e.note.clone())
+            .await;
+    }
+}
+
+fn requeue(after: Option<std::time::Duration>) -> Action {
+    match after {
+        Some(d) => Action::requeue(d),
+        None => Action::await_change(),
+    }
+}
+
+async fn active_leases(ctx: &Ctx, namespace: &str) -> Result<Vec<Lease>, Error> {
+    let api: Api<Lease> = Api::namespaced(ctx.client.clone(), namespace);
+    let list = api
+        .list(&ListParams::default().labels(&format!("{ENDED_LABEL}!={ENDED_VALUE}")))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(lease_logic::is_active)
+        .collect())
+}
+
+/// The Exporter pass (§4.2).
+pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let now = Timestamp::now();
+    let ns = exporter.namespace().unwrap_or_default();
+    let name = exporter.name_any();
+    let Some(owner) = controller_ref(&*exporter) else {
+        return Ok(Action::await_change());
+    };
+    let subject = token::subject(
+        "exporter",
+        &ns,
+        &name,
+        exporter.uid().as_deref().unwrap_or_default(),
+        exporter.metadata.annotations.as_ref(),
+    );
+    let secret_name = format!("{name}-exporter");
+    let (claims, minted) = ensure_credential(
+        &ctx,
+        &ns,
+        &secret_name,
+        &owner,
+        &subject,
+        &ctx.settings.token,
+        now,
+    )
+    .await?;
+
+    let leases = active_leases(&ctx, &ns).await?;
+    let (held, several) = lease_logic::held_lease(&name, &leases);
+    if several {
+        warn!(exporter = %name, "several active leases name this exporter; using the earliest");
+    }
+    let held = held.map(|l| HeldLease {
+        name: l.name_any(),
+        uid: l.uid(),
+        client_name: l.spec.client_ref.name.clone(),
+    });
+    let desired = exporter_status::desired_status(
+        &exporter,
+        Some(&claims),
+        held.as_ref(),
+        &ctx.settings.status,
+        &ctx.settings.token,
+        now,
+    );
+    if desired.replaced_owing_record {
+        warn!(exporter = %name, "replacing a lease-hooks record that still owes afterLease");
+    }
+    let mut events = Vec::new();
+    if let Some(reason) = minted {
+        events.push(EventSpec {
+            warning: false,
+            reason: "CredentialCreated",
+            note: mint_note("exporter", reason, &secret_name),
+        });
+    }
+    if let Some(patch) = status_merge_patch(exporter.status.as_ref(), &desired.status) {
+        let api: Api<Exporter> = Api::namespaced(ctx.client.clone(), &ns);
+        let rv = exporter.resource_version().unwrap_or_default();
+        ctx.writer
+            .merge_status_fenced(&api, &name, &rv, &patch)
+            .await?;
+        ctx.metrics
+            .status_writes
+            .with_label_values(&["reconcile"])
+            .inc();
+        events.extend(exporter_status::transition_events(
+            &name,
+            exporter.status.as_ref(),
+            &desired.status,
+            ctx.settings.status.offline_threshold,
+            now,
+        ));
+    }
+    emit(&ctx, &*exporter, &events).await;
+    Ok(requeue(desired.requeue_after))
+}
+
+/// The Client pass (§3.4).
+pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let now = Timestamp::now();
+    let ns = client.namespace().unwrap_or_default();
+    let name = client.name_any();
+    let Some(owner) = controller_ref(&*client) else {
+        return Ok(Action::await_change());
+    };
+    let subject = token::subject(
+        "client",
+        &ns,
+        &name,
+        client.uid().as_deref().unwrap_or_default(),
+        client.metadata.annotations.as_ref(),
+    );
+    let secret_name = format!("{name}-client");
+    let policy = ctx.settings.token.without_renewal();
+    let (claims, minted) =
+        ensure_credential(&ctx, &ns, &secret_name, &owner, &subject, &policy, now).await?;
+    let desired = client_status::desired_status(
+        &client,
+        &claims,
+        &ctx.settings.status.endpoint,
+        ctx.settings.status.max_requeue,
+        now,
+    );
+    let mut persisted = None;
+    if let Some(patch) = status_merge_patch(client.status.as_ref(), &desired.status) {
+        let api: Api<Client> = Api::namespaced(ctx.client.clone(), &ns);
+        let rv = client.resource_version().unwrap_or_default();
+        ctx.writer
+            .merge_status_fenced(&api, &name, &rv, &patch)
+            .await?;
+        persisted = Some(&desired.status);
+    }
+    let events = client_status::events(
+        &name,
+        minted,
+        client.status.as_ref(),
+        persisted.unwrap_or(client.status.as_ref().unwrap_or(&desired.status)),
+    );
+    emit(&ctx, &*client, &events).await;
+    Ok(requeue(desired.requeue_after))
+}
+
+/// The Lease pass (§6): decide, write status, count, then metadata.
+pub async fn reconcile_lease(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let now = Timestamp::now();
+    let ns = lease.namespace().unwrap_or_default();
+    let name = lease.name_any();
+    let exporters_api: Api<Exporter> = Api::namespaced(ctx.client.clone(), &ns);
+    let status = lease.status.clone().unwrap_or_default();
+    let prior_unsatisfiable = conditions::is_true(
+        status.conditions.as_deref().unwrap_or_default(),
+        UNSATISFIABLE,
+    );
+
+    let mut assignment = None;
+    if !status.ended && status.exporter_ref_name().is_none() {
+        let exporters = exporters_api.list(&ListParams::default()).await?.items;
+        let active = active_leases(&ctx, &ns).await?;
+        let policies = Api::<ExporterAccessPolicy>::namespaced(ctx.client.clone(), &ns)
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let client = if policies.is_empty() {
+            None
+        } else {
+            Api::<Client>::namespaced(ctx.client.clone(), &ns)
+                .get_opt(&lease.spec.client_ref.name)
+                .await?
+        };
+        let mut decision = lease_logic::decide_assignment(&AssignInputs {
+            lease: &lease,
+            exporters: &exporters,
+            active_leases: &active,
+            policies: &policies,
+            client: client.as_ref(),
+            now,
+        })?;
+        // Rule 5.4.3: the caches are not mutually consistent; re-check the gate on a fresh read.
+        if let Assignment::Assign { exporter, .. } = &decision
+            && let Some(fresh) = exporters_api.get_opt(exporter).await?
+            && let Some(pending) = lease_logic::gate_on_fresh(&fresh)
+        {
+            decision = pending;
+        }
+        assignment = Some(decision);
+    }
+
+    let out = lease_logic::build_status(&lease, assignment, now);
+    if let Some(patch) = status_merge_patch(lease.status.as_ref(), &out.status) {
+        let api: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+        let rv = lease.resource_version().unwrap_or_default();
+        ctx.writer
+            .merge_status_fenced(&api, &name, &rv, &patch)
+            .await?;
+        if let Some(exporter) = &out.assigned {
+            info!(lease = %name, exporter = %exporter, "lease acquired");
+            ctx.metrics
+                .acquisitions
+                .with_label_values(&["success"])
+                .inc();
+        }
+        let now_unsatisfiable = conditions::is_true(
+            out.status.conditions.as_deref().unwrap_or_default(),
+            UNSATISFIABLE,
+        );
+        if !prior_unsatisfiable && now_unsatisfiable {
+            ctx.metrics
+                .acquisitions
+                .with_label_values(&["failure"])
+                .inc();
+        }
+    }
+
+    // Metadata (6.7): the ended label and the controller ownerRef to the assigned exporter.
+    let mut labels = lease.labels().clone();
+    if out.status.ended {
+        labels.insert(ENDED_LABEL.into(), ENDED_VALUE.into());
+    }
+    let mut owners = lease.metadata.owner_references.clone().unwrap_or_default();
+    if let Some(exporter_name) = out.status.exporter_ref_name()
+        && let Some(exporter) = exporters_api.get_opt(exporter_name).await?
+        && let Some(owner) = controller_ref(&exporter)
+        && !has_controller_ref(&lease.metadata, &owner)
+    {
+        owners.retain(|r| r.controller != Some(true));
+        owners.push(owner);
+    }
+    let labels_changed = &labels != lease.labels();
+    let owners_changed =
+        Some(&owners) != lease.metadata.owner_references.as_ref() && !owners.is_empty();
+    if labels_changed || owners_changed {
+        let api: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+        let mut meta = Map::new();
+        if labels_changed {
+            meta.insert("labels".into(), json!({ ENDED_LABEL: ENDED_VALUE }));
+        }
+        if owners_changed {
+            meta.insert("ownerReferences".into(), json!(owners));
+        }
+        ctx.writer
+            .patch(&api, &name, &Patch::Merge(json!({ "metadata": meta })))
+            .await?;
+    }
+    Ok(requeue(out.requeue_after))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_patch_has_only_changes_and_nulls_for_removals() {
+        let old = json!({"a": 1, "b": {"x": 1}, "gone": "y"});
+        let new = json!({"a": 1, "b": {"x": 2}, "added": [1]});
+        let p = status_merge_patch(Some(&old), &new).unwrap();
+        assert_eq!(p, json!({"b": {"x": 2}, "added": [1], "gone": null}));
+        // Nested removals are explicit too (a merge patch merges objects).
+        let old = json!({"rec": {"lease": "l1", "after": {"phase": "Succeeded"}}, "list": [1, 2]});
+        let new = json!({"rec": {"lease": "l2"}, "list": [1]});
+        let p = status_merge_patch(Some(&old), &new).unwrap();
+        assert_eq!(
+            p,
+            json!({"rec": {"lease": "l2", "after": null}, "list": [1]})
+        );
+        let mut applied = old.clone();
+        json_patch::merge(&mut applied, &p);
+        assert_eq!(applied, new);
+        assert_eq!(status_merge_patch(Some(&new), &new), None);
+        assert_eq!(
+            status_merge_patch(None::<&Value>, &json!({"a": 1})),
+            Some(json!({"a": 1}))
+        );
+    }
+}

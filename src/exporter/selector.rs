@@ -1,0 +1,197 @@
+//! `metav1.LabelSelector` matching and formatting (apimachinery semantics).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+/// A selector that cannot be evaluated (an unknown operator or a malformed requirement).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidSelector(pub String);
+
+/// True when the selector has neither `matchLabels` nor `matchExpressions` entries.
+pub fn is_empty(selector: &LabelSelector) -> bool {
+    selector
+        .match_labels
+        .as_ref()
+        .is_none_or(BTreeMap::is_empty)
+        && selector
+            .match_expressions
+            .as_ref()
+            .is_none_or(Vec::is_empty)
+}
+
+/// Whether `labels` satisfy every requirement. An empty selector matches everything.
+pub fn matches(
+    selector: &LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, InvalidSelector> {
+    validate(selector)?;
+    let labels_ok = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let exprs_ok = selector.match_expressions.iter().flatten().all(|req| {
+        let values = req.values.as_deref().unwrap_or_default();
+        let current = labels.get(&req.key);
+        match req.operator.as_str() {
+            "In" => current.is_some_and(|v| values.contains(v)),
+            "NotIn" => current.is_none_or(|v| !values.contains(v)),
+            "Exists" => current.is_some(),
+            _ => current.is_none(), // DoesNotExist (validated above)
+        }
+    });
+    Ok(labels_ok && exprs_ok)
+}
+
+/// The checks of `LabelSelectorAsSelector`: known operators, values present for In/NotIn and
+/// absent for Exists/DoesNotExist.
+pub fn validate(selector: &LabelSelector) -> Result<(), InvalidSelector> {
+    for req in selector.match_expressions.iter().flatten() {
+        let n = req.values.as_ref().map_or(0, Vec::len);
+        match req.operator.as_str() {
+            "In" | "NotIn" if n == 0 => {
+                return Err(InvalidSelector(format!(
+                    "values: Invalid value: []: for 'in', 'notin' operators, values set can't be empty (key {:?})",
+                    req.key
+                )));
+            }
+            "Exists" | "DoesNotExist" if n != 0 => {
+                return Err(InvalidSelector(format!(
+                    "values: Invalid value: for 'exists', 'doesnotexist' operators, values set must be empty (key {:?})",
+                    req.key
+                )));
+            }
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => {
+                return Err(InvalidSelector(format!(
+                    "{other:?} is not a valid label selector operator"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `metav1.FormatLabelSelector`: requirements sorted by key, `<none>` when empty.
+pub fn format(selector: &LabelSelector) -> String {
+    let mut parts: Vec<(String, String)> = Vec::new();
+    for (k, v) in selector.match_labels.iter().flatten() {
+        parts.push((k.clone(), format!("{k}={v}")));
+    }
+    for req in selector.match_expressions.iter().flatten() {
+        let mut values = req.values.clone().unwrap_or_default();
+        values.sort();
+        values.dedup();
+        let text = match req.operator.as_str() {
+            "In" => format!("{} in ({})", req.key, values.join(",")),
+            "NotIn" => format!("{} notin ({})", req.key, values.join(",")),
+            "Exists" => req.key.clone(),
+            "DoesNotExist" => format!("!{}", req.key),
+            other => format!("{} {other} ({})", req.key, values.join(",")),
+        };
+        parts.push((req.key.clone(), text));
+    }
+    parts.sort_by(|a, b| a.0.cmp(&b.0));
+    if parts.is_empty() {
+        return "<none>".to_string();
+    }
+    parts
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn req(key: &str, op: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.into(),
+            operator: op.into(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn empty_selector_matches_everything() {
+        let s = LabelSelector::default();
+        assert!(is_empty(&s));
+        assert!(matches(&s, &labels(&[])).unwrap());
+        assert!(matches(&s, &labels(&[("a", "b")])).unwrap());
+        let s = LabelSelector {
+            match_labels: Some(BTreeMap::new()),
+            match_expressions: Some(vec![]),
+        };
+        assert!(is_empty(&s));
+    }
+
+    #[test]
+    fn match_labels_and_expressions_are_anded() {
+        let s = LabelSelector {
+            match_labels: Some(labels(&[("board", "rpi")])),
+            match_expressions: Some(vec![
+                req("site", "In", &["a", "b"]),
+                req("broken", "DoesNotExist", &[]),
+                req("tier", "NotIn", &["prod"]),
+                req("owner", "Exists", &[]),
+            ]),
+        };
+        assert!(!is_empty(&s));
+        let good = labels(&[("board", "rpi"), ("site", "a"), ("owner", "x")]);
+        assert!(matches(&s, &good).unwrap());
+        let mut bad = good.clone();
+        bad.insert("broken".into(), "yes".into());
+        assert!(!matches(&s, &bad).unwrap());
+        let mut bad = good.clone();
+        bad.insert("site".into(), "c".into());
+        assert!(!matches(&s, &bad).unwrap());
+        let mut bad = good.clone();
+        bad.insert("tier".into(), "prod".into());
+        assert!(!matches(&s, &bad).unwrap());
+        let mut bad = good.clone();
+        bad.remove("owner");
+        assert!(!matches(&s, &bad).unwrap());
+        let mut bad = good;
+        bad.insert("board".into(), "qemu".into());
+        assert!(!matches(&s, &bad).unwrap());
+    }
+
+    #[test]
+    fn invalid_selectors_are_reported() {
+        for r in [
+            req("a", "Equals", &["x"]),
+            req("a", "In", &[]),
+            req("a", "Exists", &["x"]),
+        ] {
+            let s = LabelSelector {
+                match_expressions: Some(vec![r]),
+                ..Default::default()
+            };
+            assert!(matches(&s, &labels(&[])).is_err());
+        }
+    }
+
+    #[test]
+    fn formats_like_apimachinery() {
+        assert_eq!(format(&LabelSelector::default()), "<none>");
+        let s = LabelSelector {
+            match_labels: Some(labels(&[("z", "1"), ("a", "2")])),
+            match_expressions: Some(vec![
+                req("m", "In", &["y", "x"]),
+                req("b", "DoesNotExist", &[]),
+            ]),
+        };
+        assert_eq!(format(&s), "a=2,!b,m in (x,y),z=1");
+    }
+}
