@@ -1088,3 +1088,220 @@ async fn e5_e6_vm_source_stopped_running_missing_and_empty() {
     let (_, _, msg) = ready_reason(&wait_phase(&c, &ns, "empty", "Skipped", "VMNoVolumes").await);
     assert!(msg.contains("ci"), "{msg}");
 }
+
+async fn install_crd(client: &Client, group: &str, version: &str, kind: &str, plural: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        // k8s.io groups are protected; the real external-snapshotter CRD carries this annotation.
+        "metadata": {"name": format!("{plural}.{group}"), "annotations": {"api-approved.kubernetes.io": "https://github.com/kubernetes-csi/external-snapshotter/pull/814"}},
+        "spec": {
+            "group": group, "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+            "versions": [{"name": version, "served": true, "storage": true, "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+        }
+    })).unwrap();
+    apply_crd(&crds, &crd).await;
+    wait_established(&crds, &format!("{plural}.{group}")).await;
+}
+
+fn dynapi(
+    c: &Client,
+    ns: &str,
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
+    let ar = ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    Api::namespaced_with(c.clone(), ns, &ar)
+}
+
+async fn create_dyn(api: &Api<DynamicObject>, body: serde_json::Value) {
+    let status = body.get("status").cloned();
+    let obj: DynamicObject = serde_json::from_value(body).unwrap();
+    let name = obj.name_any();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    if let Some(st) = status {
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": st})),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e7_snapshot_source_restore_pvcs() {
+    let env = TestEnv::new("vmx-e7").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    install_crd(
+        &c,
+        "snapshot.kubevirt.io",
+        "v1beta1",
+        "VirtualMachineSnapshot",
+        "virtualmachinesnapshots",
+    )
+    .await;
+    install_crd(
+        &c,
+        "snapshot.kubevirt.io",
+        "v1beta1",
+        "VirtualMachineSnapshotContent",
+        "virtualmachinesnapshotcontents",
+    )
+    .await;
+    install_crd(
+        &c,
+        "snapshot.storage.k8s.io",
+        "v1",
+        "VolumeSnapshot",
+        "volumesnapshots",
+    )
+    .await;
+    let m = manager(&env);
+    m.wait_ready().await;
+    let snaps = dynapi(
+        &c,
+        &ns,
+        "snapshot.kubevirt.io",
+        "v1beta1",
+        "VirtualMachineSnapshot",
+        "virtualmachinesnapshots",
+    );
+    let contents = dynapi(
+        &c,
+        &ns,
+        "snapshot.kubevirt.io",
+        "v1beta1",
+        "VirtualMachineSnapshotContent",
+        "virtualmachinesnapshotcontents",
+    );
+    let vss = dynapi(
+        &c,
+        &ns,
+        "snapshot.storage.k8s.io",
+        "v1",
+        "VolumeSnapshot",
+        "volumesnapshots",
+    );
+    let src = |n: &str| json!({"apiGroup": "snapshot.kubevirt.io", "kind": "VirtualMachineSnapshot", "name": n});
+
+    // not found: Skipped with both conditions
+    create_export(&c, &ns, "none", src("nope"), None)
+        .await
+        .unwrap();
+    let e = wait_phase(&c, &ns, "none", "Skipped", "VMSnapshotNotFound").await;
+    let conds = e.status.unwrap().conditions.unwrap();
+    let vc = conds.iter().find(|c| c.type_ == "VolumesCreated").unwrap();
+    assert_eq!(
+        (vc.status.as_str(), vc.reason.as_deref()),
+        ("False", Some("VMSnapshotNoVolumes"))
+    );
+
+    create_dyn(&snaps, json!({"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
+        "metadata": {"name": "snap1"}, "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "vm1"}},
+        "status": {"readyToUse": false}})).await;
+    create_export(&c, &ns, "sx", src("snap1"), None)
+        .await
+        .unwrap();
+    let e = wait_phase(&c, &ns, "sx", "Pending", "NotAllPVCsCreated").await;
+    assert_eq!(
+        e.status.as_ref().unwrap().virtual_machine_name.as_deref(),
+        Some("vm1")
+    );
+
+    create_dyn(&vss, json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+        "metadata": {"name": "vs-root"}, "spec": {"source": {"persistentVolumeClaimName": "rootdisk"}},
+        "status": {"restoreSize": "2Gi", "readyToUse": true}})).await;
+    create_dyn(&contents, json!({"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshotContent",
+        "metadata": {"name": "content1"},
+        "spec": {
+            "source": {"virtualMachine": {"spec": {"template": {"spec": {"volumes": [{"name": "root", "dataVolume": {"name": "rootdisk"}}]}}}}},
+            "volumeBackups": [{"volumeName": "root", "volumeSnapshotName": "vs-root", "persistentVolumeClaim": {
+                "metadata": {"name": "rootdisk", "labels": {"app": "db"}, "annotations": {"restore.kubevirt.io/name": "old"}},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeMode": "Filesystem", "storageClassName": "none"}}}],
+        },
+        "status": {"volumeSnapshotStatus": [{"volumeSnapshotName": "vs-root"}]}})).await;
+    snaps.patch_status("snap1", &PatchParams::default(), &Patch::Merge(json!({"status": {"readyToUse": true, "virtualMachineSnapshotContentName": "content1"}}))).await.unwrap();
+
+    let e = wait_phase(&c, &ns, "sx", "Pending", "PodPending").await;
+    let vc = e
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "VolumesCreated")
+        .unwrap();
+    assert_eq!(
+        vc.reason.as_deref(),
+        Some("NotAllPVCsReady"),
+        "the restore PVC is not Bound (no provisioner)"
+    );
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns)
+        .get("sx-rootdisk")
+        .await
+        .unwrap();
+    let uid = pvc.metadata.uid.clone();
+    let spec = pvc.spec.clone().unwrap();
+    let ds = spec.data_source.unwrap();
+    assert_eq!(
+        (ds.kind.as_str(), ds.name.as_str(), ds.api_group.as_deref()),
+        ("VolumeSnapshot", "vs-root", Some("snapshot.storage.k8s.io"))
+    );
+    assert_eq!(
+        spec.resources.unwrap().requests.unwrap()["storage"].0,
+        "2Gi"
+    );
+    assert_eq!(pvc.labels()["app"], "db");
+    assert_eq!(
+        pvc.annotations()
+            .get("cdi.kubevirt.io/storage.contentType")
+            .map(String::as_str),
+        Some("kubevirt")
+    );
+    assert!(!pvc.annotations().contains_key("restore.kubevirt.io/name"));
+    assert_eq!(pvc.owner_references()[0].name, "sx");
+
+    mark_pod(&c, &ns, "virt-export-sx", "Running", true).await;
+    let e = wait_phase(&c, &ns, "sx", "Ready", "PodReady").await;
+    let v = &e
+        .status
+        .unwrap()
+        .links
+        .unwrap()
+        .internal
+        .unwrap()
+        .volumes
+        .unwrap()[0];
+    assert_eq!(
+        v.name, "rootdisk",
+        "the export prefix is stripped from the name"
+    );
+    assert_eq!(
+        v.formats.as_ref().unwrap()[0].url,
+        format!("https://virt-export-sx.{ns}.svc/volumes/sx-rootdisk/disk.img")
+    );
+    // the restore PVC is not re-created
+    assert_eq!(
+        Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns)
+            .get("sx-rootdisk")
+            .await
+            .unwrap()
+            .metadata
+            .uid,
+        uid
+    );
+}

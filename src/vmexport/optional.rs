@@ -20,26 +20,69 @@ pub enum Kind {
     VirtualMachine,
     VirtualMachineInstance,
     DataVolume,
+    VirtualMachineSnapshot,
+    VirtualMachineSnapshotContent,
+    VolumeSnapshot,
 }
 
+const N: usize = 6;
+
 impl Kind {
-    pub const ALL: [Kind; 3] = [
+    pub const ALL: [Kind; N] = [
         Kind::VirtualMachine,
         Kind::VirtualMachineInstance,
         Kind::DataVolume,
+        Kind::VirtualMachineSnapshot,
+        Kind::VirtualMachineSnapshotContent,
+        Kind::VolumeSnapshot,
     ];
 
-    pub fn resource(self) -> ApiResource {
-        let (group, version, kind, plural) = match self {
-            Kind::VirtualMachine => ("kubevirt.io", "v1", "VirtualMachine", "virtualmachines"),
+    /// Group, versions in order of preference, kind, plural.
+    fn def(
+        self,
+    ) -> (
+        &'static str,
+        &'static [&'static str],
+        &'static str,
+        &'static str,
+    ) {
+        match self {
+            Kind::VirtualMachine => ("kubevirt.io", &["v1"], "VirtualMachine", "virtualmachines"),
             Kind::VirtualMachineInstance => (
                 "kubevirt.io",
-                "v1",
+                &["v1"],
                 "VirtualMachineInstance",
                 "virtualmachineinstances",
             ),
-            Kind::DataVolume => ("cdi.kubevirt.io", "v1beta1", "DataVolume", "datavolumes"),
-        };
+            Kind::DataVolume => ("cdi.kubevirt.io", &["v1beta1"], "DataVolume", "datavolumes"),
+            Kind::VirtualMachineSnapshot => (
+                "snapshot.kubevirt.io",
+                &["v1beta1", "v1alpha1"],
+                "VirtualMachineSnapshot",
+                "virtualmachinesnapshots",
+            ),
+            Kind::VirtualMachineSnapshotContent => (
+                "snapshot.kubevirt.io",
+                &["v1beta1", "v1alpha1"],
+                "VirtualMachineSnapshotContent",
+                "virtualmachinesnapshotcontents",
+            ),
+            Kind::VolumeSnapshot => (
+                "snapshot.storage.k8s.io",
+                &["v1"],
+                "VolumeSnapshot",
+                "volumesnapshots",
+            ),
+        }
+    }
+
+    /// The resource at its most preferred version.
+    pub fn resource(self) -> ApiResource {
+        self.resource_at(self.def().1[0])
+    }
+
+    fn resource_at(self, version: &str) -> ApiResource {
+        let (group, _, kind, plural) = self.def();
         ApiResource {
             group: group.into(),
             version: version.into(),
@@ -49,17 +92,20 @@ impl Kind {
         }
     }
 
-    /// `group/version/Kind`, for messages.
+    /// `group/Kind`, for messages.
     pub fn gvk(self) -> String {
-        let r = self.resource();
-        format!("{}/{}", r.api_version, r.kind)
+        let (group, versions, kind, _) = self.def();
+        format!("{group}/{} {kind}", versions.join(" or "))
     }
 }
+
+/// A started watch: its cache and the version it watches.
+type Watched = (Store<DynamicObject>, ApiResource);
 
 /// Stores of the optional kinds; `None` while the API is not installed (or not yet listed).
 #[derive(Default)]
 pub struct Optional {
-    stores: RwLock<[Option<Store<DynamicObject>>; 3]>,
+    stores: RwLock<[Option<Watched>; N]>,
 }
 
 impl Optional {
@@ -69,26 +115,37 @@ impl Optional {
 
     /// The store once its initial list is complete.
     pub fn store(&self, k: Kind) -> Option<Store<DynamicObject>> {
-        let s = self.stores.read().unwrap_or_else(|e| e.into_inner())[Self::idx(k)].clone()?;
+        self.store_with_resource(k).map(|(s, _)| s)
+    }
+
+    /// The store and the version it watches.
+    pub fn store_with_resource(&self, k: Kind) -> Option<(Store<DynamicObject>, ApiResource)> {
+        let (s, ar) =
+            self.stores.read().unwrap_or_else(|e| e.into_inner())[Self::idx(k)].clone()?;
         use futures::FutureExt;
-        matches!(s.wait_until_ready().now_or_never(), Some(Ok(()))).then_some(s)
+        matches!(s.wait_until_ready().now_or_never(), Some(Ok(()))).then_some((s, ar))
     }
 
     fn started(&self, k: Kind) -> bool {
         self.stores.read().unwrap_or_else(|e| e.into_inner())[Self::idx(k)].is_some()
     }
 
-    fn set(&self, k: Kind, s: Store<DynamicObject>) {
-        self.stores.write().unwrap_or_else(|e| e.into_inner())[Self::idx(k)] = Some(s);
+    fn set(&self, k: Kind, s: Store<DynamicObject>, ar: ApiResource) {
+        self.stores.write().unwrap_or_else(|e| e.into_inner())[Self::idx(k)] = Some((s, ar));
     }
 }
 
-async fn installed(client: &Client, k: Kind) -> bool {
-    let r = k.resource();
-    match client.list_api_group_resources(&r.api_version).await {
-        Ok(list) => list.resources.iter().any(|x| x.name == r.plural),
-        Err(_) => false,
+/// The most preferred installed version of `k`, if any.
+async fn installed(client: &Client, k: Kind) -> Option<ApiResource> {
+    for v in k.def().1 {
+        let r = k.resource_at(v);
+        if let Ok(list) = client.list_api_group_resources(&r.api_version).await
+            && list.resources.iter().any(|x| x.name == r.plural)
+        {
+            return Some(r);
+        }
     }
+    None
 }
 
 /// Runs discovery until `shutdown`; every event of a watched kind, and the end of its initial
@@ -102,17 +159,19 @@ pub async fn run(
 ) {
     loop {
         for k in Kind::ALL {
-            if optional.started(k) || !installed(&client, k).await {
+            if optional.started(k) {
                 continue;
             }
-            tracing::info!(api = %k.gvk(), "optional API installed; starting its watch");
-            let ar = k.resource();
+            let Some(ar) = installed(&client, k).await else {
+                continue;
+            };
+            tracing::info!(api = %format!("{}/{}", ar.api_version, ar.kind), "optional API installed; starting its watch");
             let api: Api<DynamicObject> = match &namespace {
                 Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
                 None => Api::all_with(client.clone(), &ar),
             };
             let writer = reflector::store::Writer::new(ar.clone());
-            optional.set(k, writer.as_reader());
+            optional.set(k, writer.as_reader(), ar.clone());
             let tx = events.clone();
             let stop = shutdown.clone();
             tokio::spawn(async move {

@@ -330,6 +330,258 @@ fn resolve_vm(ctx: &Context, export: &VirtualMachineExport) -> Source {
     }
 }
 
+fn get_dyn(
+    ctx: &Context,
+    k: Kind,
+    ns: &str,
+    name: &str,
+) -> Option<Option<Arc<kube::api::DynamicObject>>> {
+    let (store, ar) = ctx.optional.store_with_resource(k)?;
+    Some(store.get(&ObjectRef::new_with(name, ar).within(ns)))
+}
+
+/// The restore PVC of one volume backup (§9.5).
+fn restore_pvc(
+    export: &VirtualMachineExport,
+    backup: &serde_json::Value,
+    vm_volumes: &[serde_json::Value],
+    restore_size: Option<&str>,
+) -> Option<PersistentVolumeClaim> {
+    let src = &backup["persistentVolumeClaim"];
+    let orig = src["metadata"]["name"].as_str()?;
+    let snap = backup["volumeSnapshotName"].as_str()?;
+    let mut spec = src["spec"].clone();
+    let spec_obj = spec.as_object_mut()?;
+    spec_obj.retain(|k, _| {
+        matches!(
+            k.as_str(),
+            "accessModes" | "resources" | "storageClassName" | "volumeMode"
+        )
+    });
+    let source = serde_json::json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": snap});
+    spec_obj.insert("dataSource".into(), source.clone());
+    spec_obj.insert("dataSourceRef".into(), source);
+    // The larger of the request and the snapshot's restore size.
+    if let Some(rs) = restore_size {
+        let req = spec["resources"]["requests"]["storage"]
+            .as_str()
+            .map(str::to_string);
+        let bigger = match req {
+            Some(r) if quantity_bytes(&r) >= quantity_bytes(rs) => r,
+            _ => rs.to_string(),
+        };
+        spec["resources"]["requests"]["storage"] = serde_json::json!(bigger);
+    }
+    // Restore bookkeeping annotations are dropped; the content type is kept, and set to
+    // kubevirt for disks of the VM.
+    let mut ann: BTreeMap<String, String> =
+        serde_json::from_value(src["metadata"]["annotations"].clone()).unwrap_or_default();
+    ann.retain(|k, _| {
+        k == ANN_CONTENT_TYPE
+            || !(k.contains("restore")
+                || k.starts_with("pv.kubernetes.io/")
+                || k.starts_with("volume."))
+    });
+    let vol_name = backup["volumeName"].as_str().unwrap_or_default();
+    if vm_volumes.iter().any(|v| {
+        v["name"].as_str() == Some(vol_name)
+            && (v.get("dataVolume").is_some() || v.get("persistentVolumeClaim").is_some())
+    }) {
+        ann.insert(ANN_CONTENT_TYPE.into(), "kubevirt".into());
+    }
+    let labels: BTreeMap<String, String> =
+        serde_json::from_value(src["metadata"]["labels"].clone()).unwrap_or_default();
+    Some(PersistentVolumeClaim {
+        metadata: kube::api::ObjectMeta {
+            name: Some(naming::restore_pvc_name(&export.name_any(), orig)),
+            namespace: export.namespace(),
+            labels: (!labels.is_empty()).then_some(labels),
+            annotations: (!ann.is_empty()).then_some(ann),
+            owner_references: Some(vec![owner_reference(export)]),
+            ..Default::default()
+        },
+        spec: serde_json::from_value(spec).ok(),
+        status: None,
+    })
+}
+
+/// Bytes of a quantity like `1Gi`, `500M` or `1073741824` (for comparisons only).
+fn quantity_bytes(q: &str) -> f64 {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(q.len());
+    let n: f64 = q[..split].parse().unwrap_or(0.0);
+    let mult = match &q[split..] {
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        _ => 1.0,
+    };
+    n * mult
+}
+
+/// VirtualMachineSnapshot source (§9.2, §9.5): restore PVCs `<export>-<pvc>` from the
+/// snapshot content, created once and never re-created.
+async fn resolve_snapshot(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+) -> (Source, Option<String>) {
+    let ns = export.namespace().unwrap_or_default();
+    let name = export.spec.source.name.clone();
+    let missing_api = |k: Kind| {
+        unavailable(
+            PHASE_PENDING,
+            REASON_SOURCE_API_NOT_INSTALLED,
+            format!(
+                "the {} API is not installed; the export proceeds once it is",
+                k.gvk()
+            ),
+        )
+    };
+    for k in [
+        Kind::VirtualMachineSnapshot,
+        Kind::VirtualMachineSnapshotContent,
+        Kind::VolumeSnapshot,
+    ] {
+        if ctx.optional.store(k).is_none() {
+            return (missing_api(k), None);
+        }
+    }
+    let volumes_created =
+        |ok: bool, reason: &str| Some(condition(COND_VOLUMES_CREATED, ok, reason, ""));
+    let Some(Some(snap)) = get_dyn(ctx, Kind::VirtualMachineSnapshot, &ns, &name) else {
+        let mut s = unavailable(
+            PHASE_SKIPPED,
+            REASON_VMSNAPSHOT_NOT_FOUND,
+            format!("VirtualMachineSnapshot {ns}/{name} not found"),
+        );
+        s.extra = volumes_created(false, REASON_VMSNAPSHOT_NO_VOLUMES);
+        return (s, None);
+    };
+    let vm_name = snap.data["spec"]["source"]["name"]
+        .as_str()
+        .map(str::to_string);
+    let not_created = |msg: String| {
+        let mut s = unavailable(PHASE_PENDING, REASON_NOT_ALL_PVCS_CREATED, msg);
+        s.extra = volumes_created(false, REASON_NOT_ALL_PVCS_CREATED);
+        s
+    };
+    if snap.data["status"]["readyToUse"].as_bool() != Some(true) {
+        return (
+            not_created(format!(
+                "VirtualMachineSnapshot {ns}/{name} is not ready to use"
+            )),
+            vm_name,
+        );
+    }
+    let content_name = snap.data["status"]["virtualMachineSnapshotContentName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let Some(Some(content)) = get_dyn(ctx, Kind::VirtualMachineSnapshotContent, &ns, &content_name)
+    else {
+        return (
+            not_created(format!(
+                "VirtualMachineSnapshotContent {ns}/{content_name} not found"
+            )),
+            vm_name,
+        );
+    };
+    let empty = Vec::new();
+    let backups = content.data["spec"]["volumeBackups"]
+        .as_array()
+        .unwrap_or(&empty);
+    if backups.is_empty() {
+        let mut s = unavailable(
+            PHASE_SKIPPED,
+            REASON_VMSNAPSHOT_NO_VOLUMES,
+            format!("VirtualMachineSnapshot {ns}/{name} has no volumes"),
+        );
+        s.extra = volumes_created(false, REASON_VMSNAPSHOT_NO_VOLUMES);
+        return (s, vm_name);
+    }
+    let vm_volumes =
+        content.data["spec"]["source"]["virtualMachine"]["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client(), &ns);
+    let mut volumes = Vec::new();
+    let mut all_bound = true;
+    for b in backups {
+        let restore_size = b["volumeSnapshotName"].as_str().and_then(|vs| {
+            get_dyn(ctx, Kind::VolumeSnapshot, &ns, vs)
+                .flatten()
+                .and_then(|o| o.data["status"]["restoreSize"].as_str().map(str::to_string))
+        });
+        let Some(desired) = restore_pvc(export, b, &vm_volumes, restore_size.as_deref()) else {
+            continue;
+        };
+        let pname = desired.name_any();
+        let existing = match ctx.pvcs.get(&ObjectRef::new(&pname).within(&ns)) {
+            Some(p) => Some((*p).clone()),
+            None => match pvcs.get_opt(&pname).await {
+                Ok(p) => p,
+                Err(e) => {
+                    return (
+                        not_created(format!("PersistentVolumeClaim {pname}: {e}")),
+                        vm_name,
+                    );
+                }
+            },
+        };
+        let pvc = match existing {
+            Some(p) => p,
+            None => match ctx.writer.create(&pvcs, &desired).await {
+                Ok(p) => p,
+                Err(e) if is_already_exists(&e) => desired,
+                Err(e) => {
+                    let mut s = unavailable(
+                        PHASE_PENDING,
+                        REASON_OBJECT_CREATION_FAILED,
+                        format!("PersistentVolumeClaim {pname}: {e}"),
+                    );
+                    s.extra = volumes_created(false, REASON_NOT_ALL_PVCS_CREATED);
+                    return (s, vm_name);
+                }
+            },
+        };
+        if pvc_phase(&pvc) != "Bound" {
+            all_bound = false;
+        }
+        volumes.push(ExportVolume::from_pvc(&pvc, None));
+    }
+    let expected = content.data["status"]["volumeSnapshotStatus"]
+        .as_array()
+        .map(Vec::len);
+    let extra = if expected.is_some_and(|n| n != volumes.len()) {
+        volumes_created(false, REASON_NOT_ALL_PVCS_CREATED)
+    } else if all_bound {
+        volumes_created(true, REASON_ALL_PVCS_READY)
+    } else {
+        volumes_created(false, REASON_NOT_ALL_PVCS_READY)
+    };
+    (
+        Source {
+            volumes: dedup_volumes(volumes),
+            available: true,
+            ready: condition(COND_READY, false, REASON_INITIALIZING, ""),
+            phase_without_pod: PHASE_PENDING,
+            extra,
+            pause_message: String::new(),
+        },
+        vm_name,
+    )
+}
+
 fn resolve_pvc(ctx: &Context, export: &VirtualMachineExport) -> Source {
     let ns = export.namespace().unwrap_or_default();
     let name = export.spec.source.name.clone();
@@ -633,14 +885,13 @@ pub async fn reconcile(
             status.virtual_machine_name = Some(export.spec.source.name.clone());
             resolve_vm(&ctx, &export)
         }
-        SourceKind::VirtualMachineSnapshot => unavailable(
-            PHASE_SKIPPED,
-            REASON_UNSUPPORTED_SOURCE,
-            format!(
-                "{} sources are not implemented in this ucm build yet; supported now: PersistentVolumeClaim and VirtualMachine",
-                export.spec.source.kind
-            ),
-        ),
+        SourceKind::VirtualMachineSnapshot => {
+            let (src, vm) = resolve_snapshot(&ctx, &export).await;
+            if vm.is_some() {
+                status.virtual_machine_name = vm;
+            }
+            src
+        }
     };
     if let Some(t) = &export.spec.token_secret_ref {
         status.token_secret_ref = Some(t.clone());
@@ -810,7 +1061,8 @@ pub async fn reconcile(
                     internal_cert: ca.cert,
                     external_host: ctx.cfg.external_host.clone(),
                     external_cert: ctx.cfg.external_ca.clone(),
-                    strip_prefix: None,
+                    strip_prefix: (kind == SourceKind::VirtualMachineSnapshot)
+                        .then(|| name.clone()),
                 },
             ))
         }
@@ -900,8 +1152,10 @@ fn exports_of_optional(
             .iter()
             .filter(|g| {
                 g.0.as_ref().is_ok_and(|e| {
-                    classify_source(&e.spec) == SourceKind::VirtualMachine
-                        || (kind == Kind::DataVolume && classify_source(&e.spec) == SourceKind::Pvc)
+                    let k = classify_source(&e.spec);
+                    k == SourceKind::VirtualMachine
+                        || k == SourceKind::VirtualMachineSnapshot
+                        || (kind == Kind::DataVolume && k == SourceKind::Pvc)
                 })
             })
             .map(|g| ObjectRef::from_obj(g.as_ref()))
@@ -922,6 +1176,12 @@ fn exports_of_optional(
                 None,
             ));
             out
+        }
+        Kind::VirtualMachineSnapshot => {
+            exports_of_kind(store, &ns, SourceKind::VirtualMachineSnapshot, Some(&name))
+        }
+        Kind::VirtualMachineSnapshotContent | Kind::VolumeSnapshot => {
+            exports_of_kind(store, &ns, SourceKind::VirtualMachineSnapshot, None)
         }
     }
 }
@@ -1086,6 +1346,44 @@ mod tests {
     use super::*;
     use kube::runtime::reflector;
     use prometheus::Encoder;
+
+    #[test]
+    fn restore_pvc_rules() {
+        let mut e = VirtualMachineExport::new("ex", Default::default());
+        e.metadata.namespace = Some("ns".into());
+        e.metadata.uid = Some("u".into());
+        let backup = serde_json::json!({"volumeName": "root", "volumeSnapshotName": "vs1", "persistentVolumeClaim": {
+            "metadata": {"name": "disk", "annotations": {"restore.kubevirt.io/x": "1", "keep": "me"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "3Gi"}}, "volumeName": "pv-1", "storageClassName": "sc"}}});
+        let vm_vols = vec![
+            serde_json::json!({"name": "root", "persistentVolumeClaim": {"claimName": "disk"}}),
+        ];
+        let p = restore_pvc(&e, &backup, &vm_vols, Some("2Gi")).unwrap();
+        assert_eq!(p.metadata.name.as_deref(), Some("ex-disk"));
+        let spec = p.spec.clone().unwrap();
+        assert_eq!(
+            spec.resources.unwrap().requests.unwrap()["storage"].0,
+            "3Gi",
+            "request larger than restoreSize"
+        );
+        assert!(spec.volume_name.is_none(), "the bound PV is not copied");
+        assert_eq!(spec.storage_class_name.as_deref(), Some("sc"));
+        assert_eq!(spec.data_source_ref.unwrap().name, "vs1");
+        let ann = p.metadata.annotations.unwrap();
+        assert_eq!(
+            ann.get(ANN_CONTENT_TYPE).map(String::as_str),
+            Some("kubevirt")
+        );
+        assert_eq!(ann.get("keep").map(String::as_str), Some("me"));
+        assert!(!ann.contains_key("restore.kubevirt.io/x"));
+        let p = restore_pvc(&e, &backup, &[], Some("5Gi")).unwrap();
+        assert_eq!(
+            p.spec.unwrap().resources.unwrap().requests.unwrap()["storage"].0,
+            "5Gi"
+        );
+        assert!(quantity_bytes("1Gi") > quantity_bytes("1G"));
+        assert_eq!(quantity_bytes("1024"), 1024.0);
+    }
 
     #[test]
     fn phase_collector_counts_from_the_cache() {
