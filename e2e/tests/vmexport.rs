@@ -1305,3 +1305,64 @@ async fn e7_snapshot_source_restore_pvcs() {
         uid
     );
 }
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e11_without_kubevirt_crds_then_installed() {
+    // A control plane of its own: the shared one gets the KubeVirt test CRDs from other tests.
+    let own = tokio::task::spawn_blocking(Harness::start_own)
+        .await
+        .unwrap();
+    let c = client_for(&own.kubeconfig).await;
+    install_crds(&c).await;
+    let ns = create_namespace(&c, "vmx-e11").await;
+    let m = Manager::start(ManagerOpts::new(&own.kubeconfig, &ns).only("vmexport"));
+    m.wait_ready().await;
+    create_pvc(&c, &ns, "d", Some("kubevirt"), false).await;
+    create_export(
+        &c,
+        &ns,
+        "vmx",
+        json!({"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "vm1"}),
+        None,
+    )
+    .await
+    .unwrap();
+    create_export(&c, &ns, "pvcx", pvc_source("d"), None)
+        .await
+        .unwrap();
+    let (_, _, msg) =
+        ready_reason(&wait_phase(&c, &ns, "vmx", "Pending", "SourceAPINotInstalled").await);
+    assert!(
+        msg.contains("kubevirt.io") && msg.contains("VirtualMachine"),
+        "{msg}"
+    );
+    wait_phase(&c, &ns, "pvcx", "Pending", "PodPending").await;
+    assert_eq!(
+        m.readyz().await.map(|r| r.0),
+        Some(200),
+        "the manager stays healthy"
+    );
+
+    // the API appears: discovery (every 60 s) starts the watch and re-checks the export
+    install_kubevirt_crds(&c).await;
+    create_vm(
+        &c,
+        &ns,
+        "vm1",
+        json!([{"name": "root", "persistentVolumeClaim": {"claimName": "d"}}]),
+    )
+    .await;
+    let start = Instant::now();
+    loop {
+        let (p, r, _) = ready_reason(&export(&c, &ns, "vmx").await.unwrap());
+        if (p.as_str(), r.as_str()) == ("Pending", "PodPending") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(75),
+            "still {p}/{r} after the API appeared"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
