@@ -984,15 +984,34 @@ async fn e5_e6_vm_source_stopped_running_missing_and_empty() {
     assert_eq!(claims, ["rootdisk", "data", "dump"], "each claim once");
     mark_pod(&c, &ns, "virt-export-vmx", "Running", true).await;
     let e = wait_phase(&c, &ns, "vmx", "Ready", "PodReady").await;
-    let vols = e
-        .status
+    let int = e.status.unwrap().links.unwrap().internal.unwrap();
+    let manifests: Vec<(String, String)> = int
+        .manifests
+        .clone()
         .unwrap()
-        .links
-        .unwrap()
-        .internal
-        .unwrap()
-        .volumes
+        .into_iter()
+        .map(|m| (m.type_, m.url))
+        .collect();
+    let h = format!("https://virt-export-vmx.{ns}.svc");
+    assert_eq!(
+        manifests,
+        [
+            ("all".to_string(), format!("{h}/internal/manifests/all")),
+            (
+                "auth-header-secret".to_string(),
+                format!("{h}/internal/manifests/secret")
+            ),
+        ]
+    );
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.clone(), &ns)
+        .get("exporter-vm-manifest-vmx")
+        .await
         .unwrap();
+    let data = cm.data.unwrap();
+    assert!(data["virtualmachine-manifest"].contains("\"vm1\""));
+    assert!(data.contains_key("dv-rootdisk") && data.contains_key("dv-data"));
+    assert_eq!(cm.metadata.owner_references.unwrap()[0].name, "vmx");
+    let vols = int.volumes.unwrap();
     let shape: Vec<(String, Vec<String>)> = vols
         .into_iter()
         .map(|v| {

@@ -733,3 +733,73 @@ fn s11_truncated_file_is_an_incomplete_transfer() {
         s.log_text()
     );
 }
+
+#[test]
+fn s7_all_manifest_from_manifest_data() {
+    let s0 = tempfile::tempdir().unwrap();
+    let md = s0.path().join("manifest_data");
+    fs::create_dir_all(&md).unwrap();
+    let host = format!("https://{SVC}.{NS}.svc");
+    fs::write(md.join("internal_host"), &host).unwrap();
+    fs::write(md.join("internal_ca_cm"), "CA-PEM").unwrap();
+    fs::write(md.join("export-name"), "e1").unwrap();
+    fs::write(
+        md.join("virtualmachine-manifest"),
+        serde_json::json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "vm1"},
+            "spec": {"dataVolumeTemplates": [{"metadata": {"name": "disk"}, "spec": {"sourceRef": {"kind": "DataSource", "name": "x"}, "storage": {}}}],
+                "template": {"spec": {"volumes": [{"name": "r", "dataVolume": {"name": "disk"}}, {"name": "f", "persistentVolumeClaim": {"claimName": "files"}}]}}}})
+            .to_string(),
+    )
+    .unwrap();
+    fs::write(
+        md.join("dv-files"),
+        serde_json::json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "files"}, "spec": {"storage": {}}}).to_string(),
+    )
+    .unwrap();
+    let s = start_with(
+        &[
+            ("EXPORT_VM_DEF_URI", "/manifests/all".to_string()),
+            ("MANIFEST_DATA_DIR", md.to_str().unwrap().to_string()),
+        ],
+        None,
+    );
+    let list: serde_json::Value =
+        serde_json::from_slice(&s.get("/internal/manifests/all")).unwrap();
+    assert_eq!(list["kind"], "List");
+    let items = list["items"].as_array().unwrap();
+    let kinds: Vec<_> = items.iter().map(|i| i["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["ConfigMap", "VirtualMachine", "DataVolume"]);
+    assert_eq!(items[0]["metadata"]["name"], "export-ca-cm-e1");
+    let tpl = &items[1]["spec"]["dataVolumeTemplates"][0]["spec"];
+    assert_eq!(
+        tpl["source"]["http"]["url"],
+        format!("{host}/volumes/disk/disk.img.gz")
+    );
+    assert_eq!(
+        tpl["source"]["http"]["secretExtraHeaders"][0],
+        "header-secret-e1"
+    );
+    assert_eq!(tpl["source"]["http"]["certConfigMap"], "export-ca-cm-e1");
+    assert!(tpl.get("sourceRef").is_none());
+    assert_eq!(
+        items[2]["spec"]["source"]["http"]["url"],
+        format!("{host}/volumes/files/disk.img.gz")
+    );
+    // YAML documents
+    let out = s.curl(&[
+        "-f",
+        "-H",
+        &hdr(),
+        "-H",
+        "Accept: application/yaml",
+        &s.url("/internal/manifests/all"),
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.matches("\n---\n").count(), 2, "{text}");
+    // no external host configured
+    assert_eq!(
+        s.status(&["-H", &hdr(), &s.url("/external/manifests/all")]),
+        404
+    );
+    assert_eq!(s.status(&[&s.url("/internal/manifests/all")]), 401);
+}

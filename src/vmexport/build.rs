@@ -947,3 +947,116 @@ pub fn initial_status(ttl_expiry: jiff::Timestamp, now: &Time) -> VirtualMachine
 #[cfg(test)]
 #[path = "build_tests.rs"]
 mod tests;
+
+// ---- Manifest ConfigMap (§13.2), VM and snapshot sources ----
+
+/// What the manifest ConfigMap is built from.
+pub struct ManifestInput<'a> {
+    pub export: &'a VirtualMachineExport,
+    /// The VirtualMachine object (for snapshot sources, the copy in the snapshot content).
+    pub vm: &'a serde_json::Value,
+    /// Claim name → requested size, for DataVolumes of non-template volumes.
+    pub sizes: &'a BTreeMap<String, String>,
+    pub internal_cert: &'a str,
+    pub external_host: Option<&'a str>,
+    pub external_cert: &'a str,
+    /// Snapshot sources serve restore PVCs `<export>-<claim>`.
+    pub volume_prefix: Option<String>,
+}
+
+/// The ConfigMap mounted at /manifest_data. `Err` names why the `all` manifest cannot be built
+/// (instancetypes and preferences need expand-spec, which ucm does not call yet).
+pub fn build_manifest_configmap(
+    m: &ManifestInput<'_>,
+) -> Result<k8s_openapi::api::core::v1::ConfigMap, String> {
+    use serde_json::{Value, json};
+    let export = m.export;
+    let name = export.name_any();
+    let ns = export.namespace().unwrap_or_default();
+    if m.vm["spec"].get("instancetype").is_some() || m.vm["spec"].get("preference").is_some() {
+        return Err(
+            "the VirtualMachine references an instancetype or preference, which needs expand-spec; the all manifest is not offered"
+                .into(),
+        );
+    }
+    let meta = &m.vm["metadata"];
+    let mut clean_meta = serde_json::Map::new();
+    for k in ["name", "namespace", "labels", "annotations"] {
+        if let Some(v) = meta.get(k) {
+            clean_meta.insert(k.into(), v.clone());
+        }
+    }
+    let vm = json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": Value::Object(clean_meta),
+        "spec": m.vm["spec"].clone(),
+    });
+    let templates: Vec<String> = m.vm["spec"]["dataVolumeTemplates"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t["metadata"]["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let service = naming::service_name(&name);
+    let mut data = BTreeMap::from([
+        (
+            "internal_host".to_string(),
+            format!("https://{service}.{ns}.svc"),
+        ),
+        (
+            "internal_ca_cm".to_string(),
+            m.internal_cert.trim().to_string(),
+        ),
+        ("virtualmachine-manifest".to_string(), vm.to_string()),
+        ("export-name".to_string(), name.clone()),
+    ]);
+    if let Some(h) = m.external_host {
+        data.insert(
+            "external_host".into(),
+            format!(
+                "https://{h}/api/{OWNER_API_VERSION}/namespaces/{ns}/virtualmachineexports/{name}"
+            ),
+        );
+        data.insert("external_ca_cm".into(), m.external_cert.trim().to_string());
+    }
+    if let Some(p) = &m.volume_prefix {
+        data.insert("volume-prefix".into(), p.clone());
+    }
+    for v in m.vm["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let claim = v["dataVolume"]["name"]
+            .as_str()
+            .or_else(|| v["persistentVolumeClaim"]["claimName"].as_str());
+        let Some(claim) = claim else { continue };
+        if templates.iter().any(|t| t == claim) {
+            continue;
+        }
+        let mut spec = json!({"storage": {}});
+        if let Some(size) = m.sizes.get(claim) {
+            spec["storage"] = json!({"resources": {"requests": {"storage": size}}});
+        }
+        let dv = json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1",
+            "kind": "DataVolume",
+            "metadata": {"name": claim},
+            "spec": spec,
+        });
+        data.insert(format!("dv-{claim}"), dv.to_string());
+    }
+    Ok(k8s_openapi::api::core::v1::ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(naming::manifest_configmap_name(&name)),
+            namespace: export.namespace(),
+            owner_references: Some(vec![owner_reference(export)]),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    })
+}

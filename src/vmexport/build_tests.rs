@@ -730,3 +730,68 @@ fn initial_status_is_pending_initializing() {
     );
     assert!(st.links.is_none());
 }
+
+#[test]
+fn manifest_configmap_cleans_the_vm_and_adds_datavolumes() {
+    let e = export("e1");
+    let vm = serde_json::json!({
+        "metadata": {"name": "vm1", "namespace": "ns1", "labels": {"a": "b"}, "managedFields": [{}], "resourceVersion": "7", "uid": "x"},
+        "spec": {
+            "dataVolumeTemplates": [{"metadata": {"name": "root"}, "spec": {"sourceRef": {"kind": "DataSource", "name": "fedora"}}}],
+            "template": {"spec": {"volumes": [
+                {"name": "r", "dataVolume": {"name": "root"}},
+                {"name": "d", "persistentVolumeClaim": {"claimName": "data"}},
+                {"name": "c", "cloudInitNoCloud": {}},
+            ]}},
+        },
+        "status": {"ready": true},
+    });
+    let sizes = BTreeMap::from([("data".to_string(), "5Gi".to_string())]);
+    let cm = build_manifest_configmap(&ManifestInput {
+        export: &e,
+        vm: &vm,
+        sizes: &sizes,
+        internal_cert: "CA\n",
+        external_host: Some("proxy:443"),
+        external_cert: "EXT",
+        volume_prefix: None,
+    })
+    .unwrap();
+    assert_eq!(cm.metadata.name.as_deref(), Some("exporter-vm-manifest-e1"));
+    let d = cm.data.unwrap();
+    assert_eq!(d["internal_host"], "https://virt-export-e1.ns1.svc");
+    assert_eq!(d["internal_ca_cm"], "CA");
+    assert_eq!(
+        d["external_host"],
+        "https://proxy:443/api/export.kubevirt.io/v1beta1/namespaces/ns1/virtualmachineexports/e1"
+    );
+    assert_eq!(d["export-name"], "e1");
+    let vmj: serde_json::Value = serde_json::from_str(&d["virtualmachine-manifest"]).unwrap();
+    assert!(vmj.get("status").is_none());
+    assert!(vmj["metadata"].get("managedFields").is_none() && vmj["metadata"].get("uid").is_none());
+    assert_eq!(vmj["metadata"]["labels"]["a"], "b");
+    assert!(
+        !d.contains_key("dv-root"),
+        "templates are not duplicated as DataVolumes"
+    );
+    let dv: serde_json::Value = serde_json::from_str(&d["dv-data"]).unwrap();
+    assert_eq!(
+        dv["spec"]["storage"]["resources"]["requests"]["storage"],
+        "5Gi"
+    );
+    // instancetypes need expand-spec
+    let mut it = vm.clone();
+    it["spec"]["instancetype"] = serde_json::json!({"name": "u1.small"});
+    assert!(
+        build_manifest_configmap(&ManifestInput {
+            export: &e,
+            vm: &it,
+            sizes: &sizes,
+            internal_cert: "",
+            external_host: None,
+            external_cert: "",
+            volume_prefix: None
+        })
+        .is_err()
+    );
+}

@@ -174,7 +174,7 @@ pub fn rbac() -> Vec<PolicyRule> {
         rule(
             &[""],
             &["pods", "services", "secrets", "configmaps"],
-            &["get", "list", "watch", "create", "delete"],
+            &["get", "list", "watch", "create", "patch", "delete"],
         ),
         rule(
             &[""],

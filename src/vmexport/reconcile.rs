@@ -330,6 +330,114 @@ fn resolve_vm(ctx: &Context, export: &VirtualMachineExport) -> Source {
     }
 }
 
+/// The VM whose manifest the `all` endpoint serves: the source VM, or the snapshot's copy.
+fn source_vm(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    kind: SourceKind,
+) -> Option<serde_json::Value> {
+    let ns = export.namespace().unwrap_or_default();
+    let name = &export.spec.source.name;
+    match kind {
+        SourceKind::VirtualMachine => {
+            let vm = get_dyn(ctx, Kind::VirtualMachine, &ns, name)??;
+            serde_json::to_value(&*vm).ok()
+        }
+        SourceKind::VirtualMachineSnapshot => {
+            let snap = get_dyn(ctx, Kind::VirtualMachineSnapshot, &ns, name)??;
+            let content_name = snap.data["status"]["virtualMachineSnapshotContentName"].as_str()?;
+            let content = get_dyn(ctx, Kind::VirtualMachineSnapshotContent, &ns, content_name)??;
+            Some(content.data["spec"]["source"]["virtualMachine"].clone())
+        }
+        _ => None,
+    }
+}
+
+/// Creates or updates the manifest ConfigMap; `Ok(false)` when the `all` manifest cannot be
+/// offered (Warning event `ManifestFailed`; the pod then has no EXPORT_VM_DEF_URI).
+async fn ensure_manifest(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    kind: SourceKind,
+    volumes: &[ExportVolume],
+) -> Result<bool, String> {
+    let ns = export.namespace().unwrap_or_default();
+    let Some(vm) = source_vm(ctx, export, kind) else {
+        return Ok(false);
+    };
+    let mut sizes = BTreeMap::new();
+    for v in volumes {
+        if let Some(p) = ctx.pvcs.get(&ObjectRef::new(&v.pvc).within(&ns))
+            && let Some(q) = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage"))
+        {
+            let claim = match kind {
+                SourceKind::VirtualMachineSnapshot => v
+                    .pvc
+                    .strip_prefix(&format!("{}-", export.name_any()))
+                    .unwrap_or(&v.pvc)
+                    .to_string(),
+                _ => v.pvc.clone(),
+            };
+            sizes.insert(claim, q.0.clone());
+        }
+    }
+    let ca = ctx.ca().await.map_err(|e| e.to_string())?;
+    let input = ManifestInput {
+        export,
+        vm: &vm,
+        sizes: &sizes,
+        internal_cert: &ca.cert,
+        external_host: ctx.cfg.external_host.as_deref(),
+        external_cert: &ctx.cfg.external_ca,
+        volume_prefix: (kind == SourceKind::VirtualMachineSnapshot)
+            .then(|| format!("{}-", export.name_any())),
+    };
+    let desired = match build_manifest_configmap(&input) {
+        Ok(cm) => cm,
+        Err(msg) => {
+            ctx.writer
+                .event(
+                    &object_ref(export),
+                    EventType::Warning,
+                    "ManifestFailed",
+                    "Create",
+                    msg,
+                )
+                .await;
+            return Ok(false);
+        }
+    };
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client(), &ns);
+    let name = desired.name_any();
+    let existing = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("ConfigMap {name}: {e}"))?;
+    if existing.as_ref().and_then(|c| c.data.as_ref()) != desired.data.as_ref() {
+        ctx.writer
+            .apply(&api, &desired)
+            .await
+            .map_err(|e| format!("ConfigMap {name}: {e}"))?;
+        if existing.is_none() {
+            ctx.writer
+                .event(
+                    &object_ref(export),
+                    EventType::Normal,
+                    "DataManifestCreated",
+                    "Create",
+                    format!("Created exporter data manifest {ns}/{name}"),
+                )
+                .await;
+        }
+    }
+    Ok(true)
+}
+
 fn get_dyn(
     ctx: &Context,
     k: Kind,
@@ -923,7 +1031,25 @@ pub async fn reconcile(
                 }
             }
         };
-        if let (Some(token_name), None) = (token_name, &pod) {
+        // The manifest ConfigMap (VM and snapshot sources), kept up to date.
+        let mut vm_manifest = false;
+        if matches!(
+            kind,
+            SourceKind::VirtualMachine | SourceKind::VirtualMachineSnapshot
+        ) {
+            match ensure_manifest(&ctx, &export, kind, &source.volumes).await {
+                Ok(ok) => vm_manifest = ok,
+                Err(msg) => {
+                    failure = Some(condition(
+                        COND_READY,
+                        false,
+                        REASON_OBJECT_CREATION_FAILED,
+                        msg,
+                    ))
+                }
+            }
+        }
+        if let (Some(token_name), None, None) = (token_name, &pod, &failure) {
             let ca = ctx.ca().await?;
             match ensure_cert(&ctx, &export, &ca).await {
                 Err(msg) => {
@@ -942,7 +1068,7 @@ pub async fn reconcile(
                         token_secret: &token_name,
                         cert_secret: &naming::cert_secret_name(&name),
                         deadline: deadline(not_after, ctx.cfg.pod.cert_renew_before, expiry),
-                        vm_manifest: false,
+                        vm_manifest,
                     };
                     let desired = build_pod(&input, &ctx.cfg.pod);
                     match ctx.writer.create(&pods, &desired).await {

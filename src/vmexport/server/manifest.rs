@@ -36,6 +36,8 @@ pub fn all_manifest(
     let host = read(dir, host_key).ok_or_else(|| anyhow::anyhow!("{host_key} missing"))?;
     let host = host.trim().trim_end_matches('/').to_string();
     let ca = read(dir, ca_key).unwrap_or_default();
+    // Snapshot sources serve restore PVCs `<export>-<claim>`.
+    let prefix = read(dir, "volume-prefix").unwrap_or_default();
     let ca_cm_name = naming::ca_configmap_name(export);
     let header_secret = naming::header_secret_name(export);
     let mut items = vec![json!({
@@ -46,7 +48,7 @@ pub fn all_manifest(
     })];
     let http_source = |pvc: &str| {
         json!({"http": {
-            "url": format!("{host}/volumes/{pvc}/disk.img.gz"),
+            "url": format!("{host}/volumes/{prefix}{pvc}/disk.img.gz"),
             "certConfigMap": ca_cm_name,
             "secretExtraHeaders": [header_secret],
         }})
