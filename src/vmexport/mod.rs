@@ -4,11 +4,13 @@
 pub mod agent;
 pub mod build;
 pub mod certs;
+pub mod children;
 pub mod duration;
 pub mod naming;
 pub mod optional;
 pub mod reconcile;
 pub mod server;
+pub mod sources;
 pub mod types;
 
 use std::time::Duration;

@@ -1,0 +1,237 @@
+//! Children of an export (vmexport.md §7): Service, token Secret, serving certificate and the
+//! manifest ConfigMap. Each is created when missing and never overwritten needlessly.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+
+use super::build::*;
+use super::certs::{self, Pem};
+use super::naming;
+use super::reconcile::{Context, is_already_exists, object_ref};
+use super::sources::source_vm;
+use super::types::VirtualMachineExport;
+
+/// Creates or updates the manifest ConfigMap; `Ok(false)` when the `all` manifest cannot be
+/// offered (Warning event `ManifestFailed`; the pod then has no EXPORT_VM_DEF_URI).
+pub(super) async fn ensure_manifest(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    kind: SourceKind,
+    volumes: &[ExportVolume],
+) -> Result<bool, String> {
+    let ns = export.namespace().unwrap_or_default();
+    let Some(vm) = source_vm(ctx, export, kind) else {
+        return Ok(false);
+    };
+    let mut sizes = BTreeMap::new();
+    for v in volumes {
+        if let Some(p) = ctx.pvcs.get(&ObjectRef::new(&v.pvc).within(&ns))
+            && let Some(q) = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage"))
+        {
+            let claim = match kind {
+                SourceKind::VirtualMachineSnapshot => v
+                    .pvc
+                    .strip_prefix(&format!("{}-", export.name_any()))
+                    .unwrap_or(&v.pvc)
+                    .to_string(),
+                _ => v.pvc.clone(),
+            };
+            sizes.insert(claim, q.0.clone());
+        }
+    }
+    let ca = ctx.ca().await.map_err(|e| e.to_string())?;
+    let input = ManifestInput {
+        export,
+        vm: &vm,
+        sizes: &sizes,
+        internal_cert: &ca.cert,
+        external_host: ctx.cfg.external_host.as_deref(),
+        external_cert: &ctx.cfg.external_ca,
+        volume_prefix: (kind == SourceKind::VirtualMachineSnapshot)
+            .then(|| format!("{}-", export.name_any())),
+    };
+    let desired = match build_manifest_configmap(&input) {
+        Ok(cm) => cm,
+        Err(msg) => {
+            ctx.writer
+                .event(
+                    &object_ref(export),
+                    EventType::Warning,
+                    "ManifestFailed",
+                    "Create",
+                    msg,
+                )
+                .await;
+            return Ok(false);
+        }
+    };
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client(), &ns);
+    let name = desired.name_any();
+    let existing = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("ConfigMap {name}: {e}"))?;
+    if existing.as_ref().and_then(|c| c.data.as_ref()) != desired.data.as_ref() {
+        ctx.writer
+            .apply(&api, &desired)
+            .await
+            .map_err(|e| format!("ConfigMap {name}: {e}"))?;
+        if existing.is_none() {
+            ctx.writer
+                .event(
+                    &object_ref(export),
+                    EventType::Normal,
+                    "DataManifestCreated",
+                    "Create",
+                    format!("Created exporter data manifest {ns}/{name}"),
+                )
+                .await;
+        }
+    }
+    Ok(true)
+}
+
+pub(super) async fn ensure_service(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    api: &Api<Service>,
+) -> Result<(), String> {
+    let svc = build_service(export);
+    let name = svc.name_any();
+    match api.get_opt(&name).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => match ctx.writer.create(api, &svc).await {
+            Ok(_) => {
+                ctx.writer
+                    .event(
+                        &object_ref(export),
+                        EventType::Normal,
+                        "ServiceCreated",
+                        "Create",
+                        format!(
+                            "Created service {}/{name}",
+                            export.namespace().unwrap_or_default()
+                        ),
+                    )
+                    .await;
+                Ok(())
+            }
+            Err(e) if is_already_exists(&e) => Ok(()),
+            Err(e) => Err(format!("Service {name}: {e}")),
+        },
+        Err(e) => Err(format!("Service {name}: {e}")),
+    }
+}
+
+/// Creates the token Secret if missing; a deleted one is recreated with a new token (§7.3).
+pub(super) async fn ensure_token(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    name: &str,
+) -> Result<(), String> {
+    let api: Api<Secret> = Api::namespaced(ctx.client(), &export.namespace().unwrap_or_default());
+    match api.get_opt(name).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => {
+            let s = build_token_secret(export, name, &generate_token(TOKEN_LENGTH));
+            match ctx.writer.create(&api, &s).await {
+                Ok(_) => {
+                    ctx.writer
+                        .event(
+                            &object_ref(export),
+                            EventType::Normal,
+                            "SecretCreated",
+                            "Create",
+                            format!(
+                                "Created default secret {}/{name}",
+                                export.namespace().unwrap_or_default()
+                            ),
+                        )
+                        .await;
+                    Ok(())
+                }
+                Err(e) if is_already_exists(&e) => Ok(()),
+                Err(e) => Err(format!("Secret {name}: {e}")),
+            }
+        }
+        Err(e) => Err(format!("Secret {name}: {e}")),
+    }
+}
+
+/// Ensures a valid serving certificate; returns its notAfter (§7.4.3).
+pub(super) async fn ensure_cert(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    ca: &Pem,
+) -> Result<jiff::Timestamp, String> {
+    let ns = export.namespace().unwrap_or_default();
+    let svc = naming::service_name(&export.name_any());
+    let name = naming::cert_secret_name(&export.name_any());
+    let api: Api<Secret> = Api::namespaced(ctx.client(), &ns);
+    let now = jiff::Timestamp::now();
+    let existing = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("Secret {name}: {e}"))?;
+    if let Some(s) = &existing {
+        let crt = s
+            .data
+            .as_ref()
+            .and_then(|d| d.get("tls.crt"))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+        if let Some(crt) = crt
+            && let Ok(info) = certs::inspect(&crt, &ca.cert)
+            && !certs::needs_reissue(&info, &svc, &ns, now, ctx.cfg.pod.cert_renew_before)
+        {
+            return Ok(info.not_after);
+        }
+    }
+    let pem = certs::issue_serving(ca, &svc, &ns, now, ctx.cfg.pod.cert_duration)
+        .map_err(|e| format!("Secret {name}: {e}"))?;
+    let not_after = certs::inspect(&pem.cert, &ca.cert)
+        .map_err(|e| format!("Secret {name}: {e}"))?
+        .not_after;
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.clone()),
+            labels: Some(BTreeMap::from([(
+                APP_LABEL.to_string(),
+                APP_LABEL_VALUE.to_string(),
+            )])),
+            owner_references: Some(vec![owner_reference(export)]),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(BTreeMap::from([
+            (
+                "tls.crt".to_string(),
+                k8s_openapi::ByteString(pem.cert.into_bytes()),
+            ),
+            (
+                "tls.key".to_string(),
+                k8s_openapi::ByteString(pem.key.into_bytes()),
+            ),
+            (
+                "ca.crt".to_string(),
+                k8s_openapi::ByteString(ca.cert.clone().into_bytes()),
+            ),
+        ])),
+        ..Default::default()
+    };
+    // Reissued in place: apply replaces the data of our own Secret.
+    ctx.writer
+        .apply(&api, &secret)
+        .await
+        .map_err(|e| format!("Secret {name}: {e}"))?;
+    Ok(not_after)
+}
