@@ -38,7 +38,9 @@ use super::cmd::Runner;
 use super::decide::{self, Held, Step};
 use super::journal::{Entry, Journal};
 use super::pools;
-use crate::runtime::cli::{BindAddress, LogFormat, parse_bind_address, parse_go_duration};
+use crate::runtime::cli::{
+    BindAddress, LogFormat, parse_bind_address, parse_go_bool, parse_go_duration,
+};
 use crate::runtime::{Agent, health::Health, http, logging, metrics::Metrics, shutdown};
 use crate::snapshot::reconcile::AGENT_LEASE_PREFIX;
 use crate::snapshot::round::{self, RoundView, after, elapsed, parse_stamp};
@@ -110,7 +112,9 @@ pub struct AgentArgs {
     pub pools: Option<PathBuf>,
 
     /// Allow sparse full copies where the loopfile pool's filesystem has no reflink.
-    #[arg(long, default_value = "false")]
+    #[arg(long, default_value = "false", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", action = clap::ArgAction::Set, value_parser = parse_go_bool,
+          value_name = "BOOL")]
     pub loopfile_full_copy: bool,
 
     /// The barrier journal; keep it on a node-local tmpfs so a reboot clears it.
@@ -1515,5 +1519,19 @@ mod tests {
         assert_eq!(a.barrier_fail_limit, 5);
         assert_eq!(a.sweep_interval, Duration::from_secs(300));
         assert!(!a.loopfile_full_copy);
+        for (arg, want) in [
+            ("--loopfile-full-copy", true),
+            ("--loopfile-full-copy=true", true),
+            ("--loopfile-full-copy=false", false),
+        ] {
+            let m = command()
+                .try_get_matches_from(["snapshot-agent", "--node-name", "n1", arg])
+                .unwrap();
+            assert_eq!(
+                AgentArgs::from_arg_matches(&m).unwrap().loopfile_full_copy,
+                want,
+                "{arg}"
+            );
+        }
     }
 }
