@@ -504,6 +504,27 @@ async fn three_replica_round_publishes_with_identical_legs() {
         assert!(rig.journal_empty(n), "node {n} journal not empty");
     }
 
+    // Events on the cluster-scoped object land in namespace default; the round counter moved.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(rig.env.client.clone(), "default");
+    let uid = s.uid().unwrap();
+    eventually(TIMEOUT, "RoundOpened and RoundSucceeded events", || async {
+        let evs = events.list(&Default::default()).await.unwrap().items;
+        let reasons: Vec<String> = evs
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.clone()) == Some(uid.clone()))
+            .filter_map(|e| e.reason.clone())
+            .collect();
+        reasons.contains(&"RoundOpened".to_string())
+            && reasons.contains(&"RoundSucceeded".to_string())
+    })
+    .await;
+    let metrics = rig.manager.as_ref().unwrap().metrics().await;
+    assert!(
+        metrics.contains("ucm_snapshot_rounds_total{result=\"success\"} 1"),
+        "{metrics}"
+    );
+
     // Idle is free: nothing changes on a published snapshot.
     let rv = s.resource_version();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -959,4 +980,84 @@ async fn manager_loss_mid_round_leaves_no_barrier_behind() {
     rig.start_manager();
     rig.wait_ready(&snap, Duration::from_secs(40)).await;
     rig.cleanup(&[&snap], &[&vol]).await;
+}
+
+/// An agent stopped mid-round (SIGTERM) reports Error so the round is voided at once, keeps its
+/// barrier until then, lifts, and exits.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn agent_stop_mid_round_reports_error_and_lifts() {
+    let _serial = SERIAL.lock().await;
+    let mut rig = Rig::new("snap-stop", &FAST).await;
+    let vol = unique("pvc");
+    let snap = unique("snap");
+    rig.write_volume_files(&vol, &["a", "b", "c"]);
+    rig.set_fake_volume(
+        &vol,
+        "a",
+        &[("a", "UpToDate"), ("b", "UpToDate"), ("c", "UpToDate")],
+    );
+    for n in ["a", "b", "c"] {
+        rig.start_agent(n);
+    }
+    rig.start_manager();
+    rig.wait_agents_alive(&["a", "b", "c"]).await;
+    rig.create_volume(&vol, rig.replicas(&["a", "b", "c"], &[]), &["a", "b", "c"])
+        .await;
+    rig.agent("c").kill();
+    rig.create_snapshot(&snap, &vol).await;
+    wait_status(&rig, &snap, "a and b Suspended", TIMEOUT, |s| {
+        open_round(s).is_some()
+            && slots(s)
+                .iter()
+                .filter(|(_, st)| *st == SlotState::Suspended)
+                .count()
+                == 2
+    })
+    .await;
+    let started = Instant::now();
+    let b = rig.agent("b");
+    let mut child = b.child.take().unwrap();
+    signal(child.id(), "TERM");
+    let voided = wait_status(
+        &rig,
+        &snap,
+        "the void after b's Error",
+        Duration::from_secs(6),
+        |s| ready_condition(s).is_some_and(|(_, r, _)| r == "CutFailed"),
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "voided only at the deadline"
+    );
+    assert!(
+        ready_condition(&voided)
+            .unwrap()
+            .2
+            .starts_with(&format!("{} reported Error", rig.node("b")))
+    );
+    let status = child.wait().unwrap();
+    assert!(status.success(), "agent b exited with {status}");
+    for n in ["a", "b"] {
+        eventually(TIMEOUT, &format!("node {n} clear"), || async {
+            rig.kernel_clear(n)
+        })
+        .await;
+    }
+    assert!(rig.journal_empty("b"));
+    rig.cleanup(&[], &[&vol]).await;
+    // No agent will remove b's and c's finalizers in this test; remove them by hand.
+    rig.snapshots()
+        .delete(&snap, &DeleteParams::default())
+        .await
+        .unwrap();
+    rig.snapshots()
+        .patch(
+            &snap,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
 }
