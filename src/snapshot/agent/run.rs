@@ -254,6 +254,8 @@ struct Ctx {
     recorder: Recorder,
     metrics: AgentMetrics,
     workers: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Initial lists done: (snapshots, volumes).
+    synced: tokio::sync::watch::Sender<(bool, bool)>,
     volume_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     stopping: AtomicBool,
 }
@@ -1084,6 +1086,22 @@ impl Ctx {
         wake
     }
 
+    /// Lifts this volume's journal entries whose deadline passed, without any API call.
+    async fn lift_expired(&self, volume: &str) {
+        let lock = self.volume_lock(volume);
+        let _g = lock.lock().await;
+        for e in self.journal_for_volume(volume) {
+            let held = Held {
+                suspended_at: &e.suspended_at,
+                since_raise: self.since_raise(&e),
+            };
+            if Timestamp::now() >= decide::lift_at(&held, Timestamp::now(), &self.settings) {
+                warn!(volume = %e.volume, snapshot = %e.snapshot, "deadline passed without the API; lifting");
+                let _ = self.lift(&e, None).await;
+            }
+        }
+    }
+
     /// The stale-barrier sweep (8.4): kernel flags and journal entries without a live round are
     /// lifted; live rounds are kept (and adopted through the journal).
     async fn sweep(self: &Arc<Self>) {
@@ -1183,6 +1201,37 @@ impl Ctx {
 }
 
 async fn volume_worker(ctx: Arc<Ctx>, volume: String, notify: Arc<Notify>) {
+    // Never act on a partial cache: a journal entry whose snapshot is merely not listed yet
+    // must not look like a deleted snapshot. Held barriers still lift at the deadline.
+    let mut synced = ctx.synced.subscribe();
+    let ready = synced.wait_for(|(a, b)| *a && *b);
+    let deadline = ctx
+        .journal_for_volume(&volume)
+        .iter()
+        .map(|e| {
+            let at = decide::lift_at(
+                &Held {
+                    suspended_at: &e.suspended_at,
+                    since_raise: ctx.since_raise(e),
+                },
+                Timestamp::now(),
+                &ctx.settings,
+            );
+            elapsed(Timestamp::now(), at)
+        })
+        .min();
+    match deadline {
+        Some(d) => {
+            if tokio::time::timeout(d, ready).await.is_err() {
+                // No API, no list: lift what expired, with no API call (8.2).
+                ctx.lift_expired(&volume).await;
+                let _ = synced.wait_for(|(a, b)| *a && *b).await;
+            }
+        }
+        None => {
+            let _ = ready.await;
+        }
+    }
     loop {
         let wake = ctx.pass(&volume).await;
         let sleep = wake.map(|t| elapsed(Timestamp::now(), t).max(Duration::from_millis(10)));
@@ -1354,6 +1403,7 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
         ),
         metrics: agent_metrics,
         workers: Mutex::new(HashMap::new()),
+        synced: tokio::sync::watch::channel((false, false)).0,
         volume_locks: Mutex::new(HashMap::new()),
         stopping: AtomicBool::new(false),
     });
@@ -1367,26 +1417,34 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
         watcher::Config::default(),
     )
     .default_backoff()
-    .reflect(snap_writer)
-    .touched_objects();
+    .reflect(snap_writer);
     let vol_events = watcher(
         Api::<DeserializeGuard<MiroirVolume>>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
-    .reflect(vol_writer)
-    .touched_objects();
+    .reflect(vol_writer);
     let c1 = ctx.clone();
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(async move {
         let mut s = std::pin::pin!(snap_events);
         while let Some(ev) = s.next().await {
             match ev {
-                Ok(g) => {
+                Ok(
+                    watcher::Event::Apply(g)
+                    | watcher::Event::Delete(g)
+                    | watcher::Event::InitApply(g),
+                ) => {
                     if let Ok(snap) = &g.0 {
                         c1.notify(&snap.spec.volume_name);
                     }
                 }
+                // The store swaps in the new list at InitDone: look at every volume again.
+                Ok(watcher::Event::InitDone) => {
+                    c1.synced.send_modify(|s| s.0 = true);
+                    c1.notify_all();
+                }
+                Ok(_) => {}
                 Err(e) => warn!(error = %e, "snapshot watch error"),
             }
         }
@@ -1396,7 +1454,7 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
         let mut s = std::pin::pin!(vol_events);
         while let Some(ev) = s.next().await {
             match ev {
-                Ok(g) => {
+                Ok(watcher::Event::Apply(g) | watcher::Event::Delete(g)) => {
                     let name = g.name_any();
                     let exists = c2
                         .workers
@@ -1407,6 +1465,11 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
                         c2.notify(&name);
                     }
                 }
+                Ok(watcher::Event::InitDone) => {
+                    c2.synced.send_modify(|s| s.1 = true);
+                    c2.notify_all();
+                }
+                Ok(_) => {}
                 Err(e) => warn!(error = %e, "volume watch error"),
             }
         }
@@ -1424,11 +1487,11 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
     }
     {
         let h = health.clone();
-        let (a, b) = (snap_reader.clone(), vol_reader.clone());
+        let mut rx = ctx.synced.subscribe();
         tasks.spawn(async move {
-            let _ = a.wait_until_ready().await;
-            let _ = b.wait_until_ready().await;
-            h.set("informers-synced", Ok(()));
+            if rx.wait_for(|(a, b)| *a && *b).await.is_ok() {
+                h.set("informers-synced", Ok(()));
+            }
         });
     }
     tasks.spawn(heartbeat(
