@@ -1160,3 +1160,88 @@ async fn restarted_agents_adopt_or_report_lost_barriers() {
     rig.wait_ready(&snap, Duration::from_secs(40)).await;
     rig.cleanup(&[&snap], &[&vol]).await;
 }
+
+fn set_fault(rig: &Rig, on: bool) {
+    let p = fake::cluster_path(&rig.fake_dir());
+    let mut c: FakeCluster = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    c.faults.insert(
+        rig.node("b"),
+        fake::FakeFaults {
+            suspend_fails: on,
+            suspend_sets_flag: on,
+            resume_fails: false,
+        },
+    );
+    fake::write_cluster(&rig.fake_dir(), &c).unwrap();
+}
+
+/// A suspend-io that keeps failing (and wedges the flag on, #382): the agent clears the flag it
+/// may have set, retries up to the failure limit, then reports Error with BarrierStuck; the
+/// round is voided, every node resumes, and a round succeeds once the fault is gone.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn failing_suspend_clears_its_flag_and_voids_the_round() {
+    let _serial = SERIAL.lock().await;
+    let mut rig = Rig::new("snap-stuck", &FAST).await;
+    let vol = unique("pvc");
+    let snap = unique("snap");
+    rig.write_volume_files(&vol, &["a", "b", "c"]);
+    rig.set_fake_volume(
+        &vol,
+        "a",
+        &[("a", "UpToDate"), ("b", "UpToDate"), ("c", "UpToDate")],
+    );
+    set_fault(&rig, true);
+    for n in ["a", "b", "c"] {
+        rig.start_agent(n);
+    }
+    rig.start_manager();
+    rig.wait_agents_alive(&["a", "b", "c"]).await;
+    rig.create_volume(&vol, rig.replicas(&["a", "b", "c"], &[]), &["a", "b", "c"])
+        .await;
+    rig.create_snapshot(&snap, &vol).await;
+    let voided = wait_status(
+        &rig,
+        &snap,
+        "CutFailed naming b",
+        Duration::from_secs(20),
+        |s| ready_condition(s).is_some_and(|(_, r, _)| r == "CutFailed"),
+    )
+    .await;
+    assert!(
+        ready_condition(&voided)
+            .unwrap()
+            .2
+            .starts_with(&format!("{} reported Error", rig.node("b")))
+    );
+    for n in ["a", "b", "c"] {
+        eventually(TIMEOUT, &format!("node {n} clear"), || async {
+            rig.kernel_clear(n)
+        })
+        .await;
+    }
+    // The wedged flag on b was cleared by resume-io, never recorded as a raise.
+    assert_eq!(
+        kinds(&rig.events("b"), &vol),
+        ["resume"; 1].repeat(kinds(&rig.events("b"), &vol).len())
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(rig.env.client.clone(), "default");
+    let uid = voided.uid().unwrap();
+    eventually(TIMEOUT, "a BarrierStuck event from b", || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.regarding.as_ref().and_then(|r| r.uid.clone()) == Some(uid.clone())
+                    && e.reason.as_deref() == Some("BarrierStuck")
+            })
+    })
+    .await;
+    set_fault(&rig, false);
+    rig.wait_ready(&snap, Duration::from_secs(40)).await;
+    rig.cleanup(&[&snap], &[&vol]).await;
+}

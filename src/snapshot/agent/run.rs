@@ -1102,6 +1102,32 @@ impl Ctx {
         }
     }
 
+    /// Forgets in-memory round state of snapshots that left the cache (bounded memory).
+    fn prune_memory(&self) {
+        let present: std::collections::HashSet<String> = self
+            .snap_store
+            .state()
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok().and_then(|s| s.uid()))
+            .collect();
+        let journal: std::collections::HashSet<String> = self
+            .journal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entries()
+            .map(|e| e.uid.clone())
+            .collect();
+        let keep = |uid: &String| present.contains(uid) || journal.contains(uid);
+        let mut m = self.mem.lock().unwrap_or_else(|p| p.into_inner());
+        m.raised.retain(|u, _| keep(u));
+        m.written.retain(|(u, _), _| keep(u));
+        m.failures.retain(|(u, _), _| keep(u));
+        m.held_back.retain(|(u, _), _| keep(u));
+        m.primary.retain(|(u, _), _| keep(u));
+        m.noted.retain(|((u, _), _), _| keep(u));
+        m.stuck.retain(|u, _| keep(u));
+    }
+
     /// The stale-barrier sweep (8.4): kernel flags and journal entries without a live round are
     /// lifted; live rounds are kept (and adopted through the journal).
     async fn sweep(self: &Arc<Self>) {
@@ -1507,6 +1533,7 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
         loop {
             tokio::time::sleep(sweep_interval).await;
             c3.sweep().await;
+            c3.prune_memory();
         }
     });
     let c4 = ctx.clone();
