@@ -768,14 +768,15 @@ impl Ctx {
             backend.cut(&v, &name).await
         }
         .await;
+        let took = t0.elapsed();
         self.metrics
             .cut_seconds
             .with_label_values(&[backend.kind().as_str()])
-            .observe(t0.elapsed().as_secs_f64());
+            .observe(took.as_secs_f64());
         if let Err(e) = res {
             return self.failed(s, &key, event::CUT_FAILED, e.to_string()).await;
         }
-        self.barrier.note_cut(&v, &name).await;
+        self.barrier.note_cut(&v, &name, took).await;
         self.clear_failures(&key);
         // I7: a cut that finished after the cutoff is not reported.
         let since_raise = self.journal_get(&key.0).map(|e| self.since_raise(&e));

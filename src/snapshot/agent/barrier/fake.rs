@@ -76,6 +76,9 @@ pub struct FakeEvent {
     pub volume: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// For `cut`: how long sync, delete and cut took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ns: Option<u128>,
 }
 
 pub fn cluster_path(dir: &Path) -> PathBuf {
@@ -169,6 +172,16 @@ impl FakeBarrier {
     }
 
     fn record(&self, event: &str, volume: &str, snapshot: Option<&str>) {
+        self.record_with(event, volume, snapshot, None)
+    }
+
+    fn record_with(
+        &self,
+        event: &str,
+        volume: &str,
+        snapshot: Option<&str>,
+        duration_ns: Option<u128>,
+    ) {
         let ev = FakeEvent {
             at_ns: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -178,6 +191,7 @@ impl FakeBarrier {
             event: event.into(),
             volume: volume.into(),
             snapshot: snapshot.map(str::to_string),
+            duration_ns,
         };
         let line = serde_json::to_string(&ev).unwrap_or_default();
         if let Ok(mut f) = std::fs::OpenOptions::new()
@@ -315,8 +329,15 @@ impl Barrier for FakeBarrier {
         })
     }
 
-    fn note_cut<'a>(&'a self, resource: &'a str, snapshot: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(async move { self.record("cut", resource, Some(snapshot)) })
+    fn note_cut<'a>(
+        &'a self,
+        resource: &'a str,
+        snapshot: &'a str,
+        took: std::time::Duration,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(
+            async move { self.record_with("cut", resource, Some(snapshot), Some(took.as_nanos())) },
+        )
     }
 }
 
@@ -372,13 +393,22 @@ mod tests {
         a.freeze("pvc-1", &mp).await.unwrap();
         assert!(a.status("pvc-1").await.unwrap().unwrap().suspended_user);
         assert_eq!(a.suspended().await.unwrap(), ["pvc-1"]);
-        a.note_cut("pvc-1", "snap-1").await;
+        a.note_cut("pvc-1", "snap-1", std::time::Duration::from_millis(3))
+            .await;
         a.resume("pvc-1").await.unwrap();
         a.thaw("pvc-1", &mp).await.unwrap();
         a.resume("pvc-1").await.unwrap();
         a.thaw("pvc-1", &mp).await.unwrap();
         assert!(a.suspended().await.unwrap().is_empty());
 
+        let cut = read_events(dir.path(), "a")
+            .into_iter()
+            .find(|e| e.event == "cut")
+            .unwrap();
+        assert_eq!(
+            (cut.snapshot.as_deref(), cut.duration_ns),
+            (Some("snap-1"), Some(3_000_000))
+        );
         let evs: Vec<String> = read_events(dir.path(), "a")
             .into_iter()
             .map(|e| e.event)
