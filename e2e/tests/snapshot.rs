@@ -109,6 +109,28 @@ impl Rig {
         }
     }
 
+    /// The common setup: a 3-replica volume on nodes a, b, c (Primary and mounted on a), their
+    /// agents, the manager, and a snapshot name. Returns the volume's bytes too.
+    async fn three_replicas(test: &str) -> (Rig, String, String, Vec<u8>) {
+        let mut rig = Rig::new(test, &FAST).await;
+        let vol = unique("pvc");
+        let snap = unique("snap");
+        let data = rig.write_volume_files(&vol, &["a", "b", "c"]);
+        rig.set_fake_volume(
+            &vol,
+            "a",
+            &[("a", "UpToDate"), ("b", "UpToDate"), ("c", "UpToDate")],
+        );
+        for n in ["a", "b", "c"] {
+            rig.start_agent(n);
+        }
+        rig.start_manager();
+        rig.wait_agents_alive(&["a", "b", "c"]).await;
+        rig.create_volume(&vol, rig.replicas(&["a", "b", "c"], &[]), &["a", "b", "c"])
+            .await;
+        (rig, vol, snap, data)
+    }
+
     fn node(&self, n: &str) -> String {
         format!("{}-{n}", self.prefix)
     }
@@ -418,22 +440,7 @@ fn ready_condition(s: &MiroirSnapshot) -> Option<(String, String, String)> {
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn three_replica_round_publishes_with_identical_legs() {
     let _serial = SERIAL.lock().await;
-    let mut rig = Rig::new("snap-round", &FAST).await;
-    let vol = unique("pvc");
-    let snap = unique("snap");
-    let data = rig.write_volume_files(&vol, &["a", "b", "c"]);
-    rig.set_fake_volume(
-        &vol,
-        "a",
-        &[("a", "UpToDate"), ("b", "UpToDate"), ("c", "UpToDate")],
-    );
-    for n in ["a", "b", "c"] {
-        rig.start_agent(n);
-    }
-    rig.start_manager();
-    rig.wait_agents_alive(&["a", "b", "c"]).await;
-    rig.create_volume(&vol, rig.replicas(&["a", "b", "c"], &[]), &["a", "b", "c"])
-        .await;
+    let (rig, vol, snap, data) = Rig::three_replicas("snap-round").await;
     rig.create_snapshot(&snap, &vol).await;
 
     let s = rig.wait_ready(&snap, Duration::from_secs(30)).await;
@@ -508,7 +515,10 @@ async fn three_replica_round_publishes_with_identical_legs() {
     );
     for n in ["a", "b", "c"] {
         assert!(rig.kernel_clear(n), "node {n} still suspended or frozen");
-        assert!(rig.journal_empty(n), "node {n} journal not empty");
+        eventually(TIMEOUT, &format!("node {n}'s journal to empty"), || async {
+            rig.journal_empty(n)
+        })
+        .await;
     }
 
     // Events on the cluster-scoped object land in namespace default; the round counter moved.
@@ -582,6 +592,19 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The round is open and legs a and b hold their barriers (c's agent is away).
+async fn wait_a_and_b_suspended(rig: &Rig, snap: &str) -> MiroirSnapshot {
+    let (a, b) = (rig.node("a"), rig.node("b"));
+    wait_status(rig, snap, "a and b Suspended", TIMEOUT, |s| {
+        let sl = slots(s);
+        open_round(s).is_some()
+            && [&a, &b]
+                .iter()
+                .all(|n| sl.contains(&((*n).clone(), SlotState::Suspended)))
+    })
+    .await
 }
 
 fn open_round(s: &MiroirSnapshot) -> Option<String> {
@@ -679,42 +702,12 @@ async fn bad_input_is_refused_or_reported() {
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn silent_agent_voids_the_round_and_the_next_round_succeeds() {
     let _serial = SERIAL.lock().await;
-    let mut rig = Rig::new("snap-void", &FAST).await;
-    let vol = unique("pvc");
-    let snap = unique("snap");
-    let data = rig.write_volume_files(&vol, &["a", "b", "c"]);
-    rig.set_fake_volume(
-        &vol,
-        "a",
-        &[("a", "UpToDate"), ("b", "UpToDate"), ("c", "UpToDate")],
-    );
-    for n in ["a", "b", "c"] {
-        rig.start_agent(n);
-    }
-    rig.start_manager();
-    rig.wait_agents_alive(&["a", "b", "c"]).await;
-    rig.create_volume(&vol, rig.replicas(&["a", "b", "c"], &[]), &["a", "b", "c"])
-        .await;
+    let (mut rig, vol, snap, data) = Rig::three_replicas("snap-void").await;
     // Node c's agent dies; its heartbeat is still fresh, so the round opens.
     rig.agent("c").kill();
     rig.create_snapshot(&snap, &vol).await;
 
-    let opened = wait_status(
-        &rig,
-        &snap,
-        "the first round to open with a and b Suspended",
-        TIMEOUT,
-        |s| {
-            let sl = slots(s);
-            open_round(s).is_some()
-                && sl
-                    .iter()
-                    .filter(|(n, st)| *n != rig.node("c") && *st == SlotState::Suspended)
-                    .count()
-                    == 2
-        },
-    )
-    .await;
+    let opened = wait_a_and_b_suspended(&rig, &snap).await;
     let first = open_round(&opened).unwrap();
     for n in ["a", "b"] {
         let k = fake::read_kernel(&rig.fake_dir(), &rig.node(n));
@@ -951,33 +944,10 @@ async fn tie_breaker_never_gates_and_rounds_never_overlap() {
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn manager_loss_mid_round_leaves_no_barrier_behind() {
     let _serial = SERIAL.lock().await;
-    let mut rig = Rig::new("snap-mgr", &FAST).await;
-    let vol = unique("pvc");
-    let snap = unique("snap");
-    rig.write_volume_files(&vol, &["a", "b", "c"]);
-    rig.set_fake_volume(
-        &vol,
-        "a",
-        &[("a", "UpToDate"), ("b", "UpToDate"), ("c", "UpToDate")],
-    );
-    for n in ["a", "b", "c"] {
-        rig.start_agent(n);
-    }
-    rig.start_manager();
-    rig.wait_agents_alive(&["a", "b", "c"]).await;
-    rig.create_volume(&vol, rig.replicas(&["a", "b", "c"], &[]), &["a", "b", "c"])
-        .await;
+    let (mut rig, vol, snap, _data) = Rig::three_replicas("snap-mgr").await;
     rig.agent("c").kill();
     rig.create_snapshot(&snap, &vol).await;
-    let opened = wait_status(&rig, &snap, "a and b Suspended", TIMEOUT, |s| {
-        open_round(s).is_some()
-            && slots(s)
-                .iter()
-                .filter(|(_, st)| *st == SlotState::Suspended)
-                .count()
-                == 2
-    })
-    .await;
+    let opened = wait_a_and_b_suspended(&rig, &snap).await;
     let mut m = rig.manager.take().unwrap();
     m.signal("KILL");
     m.wait_exit(Duration::from_secs(10));
@@ -1010,33 +980,10 @@ async fn manager_loss_mid_round_leaves_no_barrier_behind() {
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn agent_stop_mid_round_reports_error_and_lifts() {
     let _serial = SERIAL.lock().await;
-    let mut rig = Rig::new("snap-stop", &FAST).await;
-    let vol = unique("pvc");
-    let snap = unique("snap");
-    rig.write_volume_files(&vol, &["a", "b", "c"]);
-    rig.set_fake_volume(
-        &vol,
-        "a",
-        &[("a", "UpToDate"), ("b", "UpToDate"), ("c", "UpToDate")],
-    );
-    for n in ["a", "b", "c"] {
-        rig.start_agent(n);
-    }
-    rig.start_manager();
-    rig.wait_agents_alive(&["a", "b", "c"]).await;
-    rig.create_volume(&vol, rig.replicas(&["a", "b", "c"], &[]), &["a", "b", "c"])
-        .await;
+    let (mut rig, vol, snap, _data) = Rig::three_replicas("snap-stop").await;
     rig.agent("c").kill();
     rig.create_snapshot(&snap, &vol).await;
-    wait_status(&rig, &snap, "a and b Suspended", TIMEOUT, |s| {
-        open_round(s).is_some()
-            && slots(s)
-                .iter()
-                .filter(|(_, st)| *st == SlotState::Suspended)
-                .count()
-                == 2
-    })
-    .await;
+    wait_a_and_b_suspended(&rig, &snap).await;
     let started = Instant::now();
     let b = rig.agent("b");
     let mut child = b.child.take().unwrap();
@@ -1092,33 +1039,10 @@ async fn agent_stop_mid_round_reports_error_and_lifts() {
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn restarted_agents_adopt_or_report_lost_barriers() {
     let _serial = SERIAL.lock().await;
-    let mut rig = Rig::new("snap-restart", &FAST).await;
-    let vol = unique("pvc");
-    let snap = unique("snap");
-    rig.write_volume_files(&vol, &["a", "b", "c"]);
-    rig.set_fake_volume(
-        &vol,
-        "a",
-        &[("a", "UpToDate"), ("b", "UpToDate"), ("c", "UpToDate")],
-    );
-    for n in ["a", "b", "c"] {
-        rig.start_agent(n);
-    }
-    rig.start_manager();
-    rig.wait_agents_alive(&["a", "b", "c"]).await;
-    rig.create_volume(&vol, rig.replicas(&["a", "b", "c"], &[]), &["a", "b", "c"])
-        .await;
+    let (mut rig, vol, snap, _data) = Rig::three_replicas("snap-restart").await;
     rig.agent("c").kill();
     rig.create_snapshot(&snap, &vol).await;
-    wait_status(&rig, &snap, "a and b Suspended", TIMEOUT, |s| {
-        open_round(s).is_some()
-            && slots(s)
-                .iter()
-                .filter(|(_, st)| *st == SlotState::Suspended)
-                .count()
-                == 2
-    })
-    .await;
+    wait_a_and_b_suspended(&rig, &snap).await;
     rig.agent("a").kill();
     rig.agent("b").kill();
     assert!(!rig.kernel_clear("a"), "a's barrier must survive its agent");
@@ -1162,7 +1086,11 @@ async fn restarted_agents_adopt_or_report_lost_barriers() {
         kinds(&rig.events("a"), &vol),
         ["freeze", "suspend", "resume", "thaw"]
     );
-    assert!(rig.journal_empty("a"));
+    // The journal entry goes last, after resume and thaw.
+    eventually(TIMEOUT, "a's journal entry to go", || async {
+        rig.journal_empty("a")
+    })
+    .await;
     rig.start_agent("c");
     rig.wait_ready(&snap, Duration::from_secs(40)).await;
     rig.cleanup(&[&snap], &[&vol]).await;
@@ -1189,23 +1117,8 @@ fn set_fault(rig: &Rig, on: bool) {
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn failing_suspend_clears_its_flag_and_voids_the_round() {
     let _serial = SERIAL.lock().await;
-    let mut rig = Rig::new("snap-stuck", &FAST).await;
-    let vol = unique("pvc");
-    let snap = unique("snap");
-    rig.write_volume_files(&vol, &["a", "b", "c"]);
-    rig.set_fake_volume(
-        &vol,
-        "a",
-        &[("a", "UpToDate"), ("b", "UpToDate"), ("c", "UpToDate")],
-    );
+    let (rig, vol, snap, _data) = Rig::three_replicas("snap-stuck").await;
     set_fault(&rig, true);
-    for n in ["a", "b", "c"] {
-        rig.start_agent(n);
-    }
-    rig.start_manager();
-    rig.wait_agents_alive(&["a", "b", "c"]).await;
-    rig.create_volume(&vol, rig.replicas(&["a", "b", "c"], &[]), &["a", "b", "c"])
-        .await;
     rig.create_snapshot(&snap, &vol).await;
     let voided = wait_status(
         &rig,
@@ -1259,34 +1172,11 @@ async fn failing_suspend_clears_its_flag_and_voids_the_round() {
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn agents_lift_before_the_manager_publishes() {
     let _serial = SERIAL.lock().await;
-    let mut rig = Rig::new("snap-i4", &FAST).await;
-    let vol = unique("pvc");
-    let snap = unique("snap");
-    let data = rig.write_volume_files(&vol, &["a", "b", "c"]);
-    rig.set_fake_volume(
-        &vol,
-        "a",
-        &[("a", "UpToDate"), ("b", "UpToDate"), ("c", "UpToDate")],
-    );
-    for n in ["a", "b", "c"] {
-        rig.start_agent(n);
-    }
-    rig.start_manager();
-    rig.wait_agents_alive(&["a", "b", "c"]).await;
-    rig.create_volume(&vol, rig.replicas(&["a", "b", "c"], &[]), &["a", "b", "c"])
-        .await;
+    let (mut rig, vol, snap, data) = Rig::three_replicas("snap-i4").await;
     // c's agent is away (its heartbeat still fresh): the round opens and waits for it.
     rig.agent("c").kill();
     rig.create_snapshot(&snap, &vol).await;
-    wait_status(&rig, &snap, "a and b Suspended", TIMEOUT, |s| {
-        open_round(s).is_some()
-            && slots(s)
-                .iter()
-                .filter(|(_, st)| *st == SlotState::Suspended)
-                .count()
-                == 2
-    })
-    .await;
+    wait_a_and_b_suspended(&rig, &snap).await;
     let m = rig.manager.as_ref().unwrap();
     m.signal("STOP");
     rig.start_agent("c");
