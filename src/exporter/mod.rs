@@ -9,11 +9,15 @@ pub mod exporter_status;
 pub mod godur;
 pub mod lease_logic;
 pub mod metrics;
+pub mod proto;
 pub mod reconcile;
+pub mod router;
+pub mod router_token;
 pub mod schema;
 pub mod selector;
 pub mod settings;
 pub mod signing;
+pub mod tls;
 pub mod token;
 pub mod types;
 
@@ -85,7 +89,7 @@ pub static FEATURE: Feature = Feature {
     namespaced_rbac,
     settings: settings::Args::augment_args,
     start: |rt, matches| Box::pin(start(rt, matches)),
-    agents: &[],
+    agents: &[router::AGENT],
 };
 
 const ERROR_BACKOFF_CAP: Duration = Duration::from_secs(300);
