@@ -16,5 +16,7 @@ fn main() -> std::io::Result<()> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // RPCs ucm does not serve answer Unimplemented.
+        .generate_default_stubs(true)
         .compile_fds(fds)
 }

@@ -7,6 +7,7 @@
 pub mod client_status;
 pub mod exporter_status;
 pub mod godur;
+pub mod grpc;
 pub mod lease_logic;
 pub mod metrics;
 pub mod proto;
@@ -211,6 +212,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         .owns(rt.watched::<Secret>(), watcher::Config::default());
 
     futures::join!(
+        grpc::run(rt.clone(), ctx.clone()),
         run(
             &rt,
             "exporter",

@@ -104,12 +104,10 @@ async fn forward(mut inbound: Streaming<StreamRequest>, tx: Outbound) {
 
 #[tonic::async_trait]
 impl RouterService for Router {
-    type StreamStream = ReceiverStream<Result<StreamResponse, Status>>;
-
     async fn stream(
         &self,
         req: Request<Streaming<StreamRequest>>,
-    ) -> Result<Response<Self::StreamStream>, Status> {
+    ) -> Result<Response<tonic::codegen::BoxStream<StreamResponse>>, Status> {
         let claims = router_token::verify(&self.key, bearer(&req)?, Timestamp::now())
             .map_err(|e| Status::unauthenticated(format!("invalid router token: {e}")))?;
         let sub = claims.sub;
@@ -169,7 +167,7 @@ impl RouterService for Router {
                 return Err(Status::already_exists("stream already paired"));
             }
         }
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
 
