@@ -423,6 +423,17 @@ impl Manager {
             .env_remove("RUST_LOG")
             .env_remove("POD_NAMESPACE")
             .env_remove("WATCH_NAMESPACE");
+        // Parallel managers must not fight over the exporter's default gRPC port (:8082).
+        if ucm::FEATURES.iter().any(|f| f.name == "exporter") {
+            let given = |flag: &str| opts.extra.iter().any(|a| a.starts_with(flag));
+            let grpc = free_port();
+            if !given("--exporter-grpc-bind-address") {
+                cmd.arg(format!("--exporter-grpc-bind-address=127.0.0.1:{grpc}"));
+            }
+            if !given("--exporter-grpc-endpoint") {
+                cmd.arg(format!("--exporter-grpc-endpoint=127.0.0.1:{grpc}"));
+            }
+        }
         if !opts.watch_all {
             cmd.arg(format!("--watch-namespace={}", opts.namespace));
         }
