@@ -423,16 +423,18 @@ impl Manager {
             .env_remove("RUST_LOG")
             .env_remove("POD_NAMESPACE")
             .env_remove("WATCH_NAMESPACE");
-        // Parallel managers must not fight over the exporter's default gRPC port (:8082).
-        if ucm::FEATURES.iter().any(|f| f.name == "exporter") {
-            let given = |flag: &str| opts.extra.iter().any(|a| a.starts_with(flag));
-            let grpc = free_port();
-            if !given("--exporter-grpc-bind-address") {
-                cmd.arg(format!("--exporter-grpc-bind-address=127.0.0.1:{grpc}"));
-            }
-            if !given("--exporter-grpc-endpoint") {
-                cmd.arg(format!("--exporter-grpc-endpoint=127.0.0.1:{grpc}"));
-            }
+        // Parallel managers must not fight over the exporter's default gRPC port (:8082). The
+        // advertised endpoint keeps its default unless a test sets it.
+        if ucm::FEATURES.iter().any(|f| f.name == "exporter")
+            && !opts
+                .extra
+                .iter()
+                .any(|a| a.starts_with("--exporter-grpc-bind-address"))
+        {
+            cmd.arg(format!(
+                "--exporter-grpc-bind-address=127.0.0.1:{}",
+                free_port()
+            ));
         }
         if !opts.watch_all {
             cmd.arg(format!("--watch-namespace={}", opts.namespace));
