@@ -7,13 +7,18 @@
 pub mod client_status;
 pub mod exporter_status;
 pub mod godur;
+pub mod grpc;
 pub mod lease_logic;
 pub mod metrics;
+pub mod proto;
 pub mod reconcile;
+pub mod router;
+pub mod router_token;
 pub mod schema;
 pub mod selector;
 pub mod settings;
 pub mod signing;
+pub mod tls;
 pub mod token;
 pub mod types;
 
@@ -85,7 +90,7 @@ pub static FEATURE: Feature = Feature {
     namespaced_rbac,
     settings: settings::Args::augment_args,
     start: |rt, matches| Box::pin(start(rt, matches)),
-    agents: &[],
+    agents: &[router::AGENT],
 };
 
 const ERROR_BACKOFF_CAP: Duration = Duration::from_secs(300);
@@ -207,6 +212,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         .owns(rt.watched::<Secret>(), watcher::Config::default());
 
     futures::join!(
+        grpc::run(rt.clone(), ctx.clone()),
         run(
             &rt,
             "exporter",

@@ -79,17 +79,8 @@ impl Runtime {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        let (reader, writer) = reflector::store();
-        let synced = self.track_synced(name);
-        let stream = watcher(api, cfg)
-            .default_backoff()
-            .inspect(move |ev| {
-                if matches!(ev, Ok(watcher::Event::InitDone)) {
-                    synced();
-                }
-            })
-            .reflect(writer)
-            .applied_objects();
+        let (reader, events) = self.reflected_events(name, api, cfg);
+        let stream = events.applied_objects();
         let stream = match trigger {
             Trigger::SpecAndFinalizers => stream
                 .predicate_filter(
@@ -122,6 +113,24 @@ impl Runtime {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
+        let (reader, events) = self.reflected_events(name, api, cfg);
+        (reader, events.touched_objects())
+    }
+
+    /// Watcher with backoff, reflected into a store; the end of the initial list clears the
+    /// watch's readiness gate.
+    fn reflected_events<K>(
+        &self,
+        name: &'static str,
+        api: Api<K>,
+        cfg: watcher::Config,
+    ) -> (
+        reflector::Store<K>,
+        impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    )
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
         let (reader, writer) = reflector::store();
         let synced = self.track_synced(name);
         let stream = watcher(api, cfg)
@@ -131,8 +140,7 @@ impl Runtime {
                     synced();
                 }
             })
-            .reflect(writer)
-            .touched_objects();
+            .reflect(writer);
         (reader, stream)
     }
 }

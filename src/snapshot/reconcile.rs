@@ -15,6 +15,7 @@ use kube::{
     api::ListParams,
     core::DeserializeGuard,
     runtime::{
+        WatchStreamExt,
         controller::Action,
         events::EventType,
         reflector::{ObjectRef, Store},
@@ -165,6 +166,34 @@ impl Context {
     }
 }
 
+/// Whether a heartbeat of `node`'s agent can change this snapshot's decision: a deletion that
+/// waits on that node's finalizer, or an open gated on replicas (rows 1 and 11). Every replica
+/// node has a finalizer, so the finalizer list names the nodes that matter.
+pub fn waits_on_agent(s: &MiroirSnapshot, node: &str) -> bool {
+    let mine = super::types::teardown_finalizer(node);
+    if !s.finalizers().contains(&mine) {
+        return false;
+    }
+    if s.metadata.deletion_timestamp.is_some() {
+        return true;
+    }
+    let r = RoundView::of(s);
+    !r.ready
+        && !r.io_suspended
+        && s.status.as_ref().is_some_and(|st| {
+            conditions::find(&st.conditions, READY)
+                .is_some_and(|c| c.reason == build::reason::WAITING_FOR_REPLICAS)
+        })
+}
+
+/// The snapshot waits for another snapshot's round on its volume (row 12).
+pub fn waits_on_round(s: &MiroirSnapshot) -> bool {
+    s.status.as_ref().is_some_and(|st| {
+        conditions::find(&st.conditions, READY)
+            .is_some_and(|c| c.reason == build::reason::WAITING_FOR_ROUND)
+    })
+}
+
 /// Another snapshot of `volume` with an open round, among `candidates`.
 fn other_open_round<'a>(
     me: &MiroirSnapshot,
@@ -243,8 +272,15 @@ pub async fn reconcile(snap: Arc<MiroirSnapshot>, ctx: Arc<Context>) -> Result<A
                 fresh = true;
                 continue;
             }
-            Step::Open { .. } if !fresh => {
-                // Check-and-open under the per-volume lock with uncached data (I8).
+            // Opening, or waiting for another snapshot's round per the cache: decide again under
+            // the per-volume lock with uncached data (I8), so a stale cache neither opens a
+            // second round nor leaves this one waiting for a round that already closed.
+            _ if !fresh
+                && (matches!(d.step, Step::Open { .. })
+                    || d.ready
+                        .as_ref()
+                        .is_some_and(|r| r.reason == build::reason::WAITING_FOR_ROUND)) =>
+            {
                 let lock = ctx.volume_lock(&snap.spec.volume_name);
                 let _g = lock.lock().await;
                 let all = ctx
@@ -428,6 +464,35 @@ pub async fn run(rt: Runtime, settings: build::Settings, agent_namespace: String
     let store = controller.store();
     let by_volume = store.clone();
     let waiting = store.clone();
+    let siblings = store.clone();
+    // A round closing (publish, void, deletion) lets the next snapshot of that volume open:
+    // a second, store-less watch maps every snapshot change to the siblings that wait on it.
+    let sibling_events = watcher(
+        Api::<DeserializeGuard<MiroirSnapshot>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    let controller = controller.watches_stream(
+        sibling_events,
+        move |changed: DeserializeGuard<MiroirSnapshot>| {
+            let Ok(changed) = changed.0 else {
+                return Vec::new();
+            };
+            siblings
+                .state()
+                .iter()
+                .filter(|s| {
+                    s.0.as_ref().is_ok_and(|s| {
+                        s.spec.volume_name == changed.spec.volume_name
+                            && s.uid() != changed.uid()
+                            && waits_on_round(s)
+                    })
+                })
+                .map(|s| ObjectRef::from_obj(&**s))
+                .collect::<Vec<_>>()
+        },
+    );
     let controller = controller
         .watches_stream(volume_events, move |v: DeserializeGuard<MiroirVolume>| {
             let name = v.name_any();
@@ -438,17 +503,16 @@ pub async fn run(rt: Runtime, settings: build::Settings, agent_namespace: String
                 .map(|s| ObjectRef::from_obj(&**s))
                 .collect::<Vec<_>>()
         })
-        .watches_stream(lease_events, move |_l: Lease| {
-            // Heartbeats matter only to snapshots gated on an agent: not yet open, or deleting.
+        .watches_stream(lease_events, move |l: Lease| {
+            let node = l
+                .name_any()
+                .strip_prefix(AGENT_LEASE_PREFIX)
+                .map(str::to_string)
+                .unwrap_or_default();
             waiting
                 .state()
                 .iter()
-                .filter(|s| {
-                    s.0.as_ref().is_ok_and(|s| {
-                        let r = RoundView::of(s);
-                        s.metadata.deletion_timestamp.is_some() || (!r.ready && !r.io_suspended)
-                    })
-                })
+                .filter(|s| s.0.as_ref().is_ok_and(|s| waits_on_agent(s, &node)))
                 .map(|s| ObjectRef::from_obj(&**s))
                 .collect::<Vec<_>>()
         });
@@ -492,6 +556,32 @@ mod tests {
             ..Default::default()
         });
         s
+    }
+
+    #[test]
+    fn heartbeats_wake_only_snapshots_gated_on_that_agent() {
+        use crate::snapshot::types::teardown_finalizer;
+        let mut s = snap("a", "v", false);
+        s.metadata.finalizers = Some(vec![teardown_finalizer("n1")]);
+        assert!(!waits_on_agent(&s, "n1"), "no WaitingForReplicas condition");
+        s.status.as_mut().unwrap().conditions =
+            vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: READY.into(),
+                status: "False".into(),
+                reason: build::reason::WAITING_FOR_REPLICAS.into(),
+                message: "n1: no snapshot agent heartbeat".into(),
+                observed_generation: None,
+                last_transition_time: conditions::now(),
+            }];
+        assert!(waits_on_agent(&s, "n1"));
+        assert!(!waits_on_agent(&s, "n2"));
+        s.status.as_mut().unwrap().io_suspended = Some(true);
+        assert!(
+            !waits_on_agent(&s, "n1"),
+            "an open round does not wait on heartbeats"
+        );
+        s.metadata.deletion_timestamp = Some(conditions::now());
+        assert!(waits_on_agent(&s, "n1"));
     }
 
     #[test]

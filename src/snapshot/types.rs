@@ -508,14 +508,6 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "prints the generated CRDs for review"]
-    fn print_crds() {
-        for crd in crate::snapshot::crds() {
-            println!("{}", serde_yaml::to_string(&crd).unwrap());
-        }
-    }
-
-    #[test]
     fn volume_helpers() {
         let v: MiroirVolume = serde_json::from_value(json!({
             "apiVersion": "miroir.home-operations.com/v1alpha1",

@@ -423,6 +423,19 @@ impl Manager {
             .env_remove("RUST_LOG")
             .env_remove("POD_NAMESPACE")
             .env_remove("WATCH_NAMESPACE");
+        // Parallel managers must not fight over the exporter's default gRPC port (:8082). The
+        // advertised endpoint keeps its default unless a test sets it.
+        if ucm::FEATURES.iter().any(|f| f.name == "exporter")
+            && !opts
+                .extra
+                .iter()
+                .any(|a| a.starts_with("--exporter-grpc-bind-address"))
+        {
+            cmd.arg(format!(
+                "--exporter-grpc-bind-address=127.0.0.1:{}",
+                free_port()
+            ));
+        }
         if !opts.watch_all {
             cmd.arg(format!("--watch-namespace={}", opts.namespace));
         }

@@ -38,7 +38,9 @@ use super::cmd::Runner;
 use super::decide::{self, Held, Step};
 use super::journal::{Entry, Journal};
 use super::pools;
-use crate::runtime::cli::{BindAddress, LogFormat, parse_bind_address, parse_go_duration};
+use crate::runtime::cli::{
+    BindAddress, LogFormat, parse_bind_address, parse_go_bool, parse_go_duration,
+};
 use crate::runtime::{Agent, health::Health, http, logging, metrics::Metrics, shutdown};
 use crate::snapshot::reconcile::AGENT_LEASE_PREFIX;
 use crate::snapshot::round::{self, RoundView, after, elapsed, parse_stamp};
@@ -110,7 +112,9 @@ pub struct AgentArgs {
     pub pools: Option<PathBuf>,
 
     /// Allow sparse full copies where the loopfile pool's filesystem has no reflink.
-    #[arg(long, default_value = "false")]
+    #[arg(long, default_value = "false", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", action = clap::ArgAction::Set, value_parser = parse_go_bool,
+          value_name = "BOOL")]
     pub loopfile_full_copy: bool,
 
     /// The barrier journal; keep it on a node-local tmpfs so a reboot clears it.
@@ -250,6 +254,8 @@ struct Ctx {
     recorder: Recorder,
     metrics: AgentMetrics,
     workers: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Initial lists done: (snapshots, volumes).
+    synced: tokio::sync::watch::Sender<(bool, bool)>,
     volume_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     stopping: AtomicBool,
 }
@@ -762,14 +768,15 @@ impl Ctx {
             backend.cut(&v, &name).await
         }
         .await;
+        let took = t0.elapsed();
         self.metrics
             .cut_seconds
             .with_label_values(&[backend.kind().as_str()])
-            .observe(t0.elapsed().as_secs_f64());
+            .observe(took.as_secs_f64());
         if let Err(e) = res {
             return self.failed(s, &key, event::CUT_FAILED, e.to_string()).await;
         }
-        self.barrier.note_cut(&v, &name).await;
+        self.barrier.note_cut(&v, &name, took).await;
         self.clear_failures(&key);
         // I7: a cut that finished after the cutoff is not reported.
         let since_raise = self.journal_get(&key.0).map(|e| self.since_raise(&e));
@@ -1080,6 +1087,48 @@ impl Ctx {
         wake
     }
 
+    /// Lifts this volume's journal entries whose deadline passed, without any API call.
+    async fn lift_expired(&self, volume: &str) {
+        let lock = self.volume_lock(volume);
+        let _g = lock.lock().await;
+        for e in self.journal_for_volume(volume) {
+            let held = Held {
+                suspended_at: &e.suspended_at,
+                since_raise: self.since_raise(&e),
+            };
+            if Timestamp::now() >= decide::lift_at(&held, Timestamp::now(), &self.settings) {
+                warn!(volume = %e.volume, snapshot = %e.snapshot, "deadline passed without the API; lifting");
+                let _ = self.lift(&e, None).await;
+            }
+        }
+    }
+
+    /// Forgets in-memory round state of snapshots that left the cache (bounded memory).
+    fn prune_memory(&self) {
+        let present: std::collections::HashSet<String> = self
+            .snap_store
+            .state()
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok().and_then(|s| s.uid()))
+            .collect();
+        let journal: std::collections::HashSet<String> = self
+            .journal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entries()
+            .map(|e| e.uid.clone())
+            .collect();
+        let keep = |uid: &String| present.contains(uid) || journal.contains(uid);
+        let mut m = self.mem.lock().unwrap_or_else(|p| p.into_inner());
+        m.raised.retain(|u, _| keep(u));
+        m.written.retain(|(u, _), _| keep(u));
+        m.failures.retain(|(u, _), _| keep(u));
+        m.held_back.retain(|(u, _), _| keep(u));
+        m.primary.retain(|(u, _), _| keep(u));
+        m.noted.retain(|((u, _), _), _| keep(u));
+        m.stuck.retain(|u, _| keep(u));
+    }
+
     /// The stale-barrier sweep (8.4): kernel flags and journal entries without a live round are
     /// lifted; live rounds are kept (and adopted through the journal).
     async fn sweep(self: &Arc<Self>) {
@@ -1179,6 +1228,37 @@ impl Ctx {
 }
 
 async fn volume_worker(ctx: Arc<Ctx>, volume: String, notify: Arc<Notify>) {
+    // Never act on a partial cache: a journal entry whose snapshot is merely not listed yet
+    // must not look like a deleted snapshot. Held barriers still lift at the deadline.
+    let mut synced = ctx.synced.subscribe();
+    let ready = synced.wait_for(|(a, b)| *a && *b);
+    let deadline = ctx
+        .journal_for_volume(&volume)
+        .iter()
+        .map(|e| {
+            let at = decide::lift_at(
+                &Held {
+                    suspended_at: &e.suspended_at,
+                    since_raise: ctx.since_raise(e),
+                },
+                Timestamp::now(),
+                &ctx.settings,
+            );
+            elapsed(Timestamp::now(), at)
+        })
+        .min();
+    match deadline {
+        Some(d) => {
+            if tokio::time::timeout(d, ready).await.is_err() {
+                // No API, no list: lift what expired, with no API call (8.2).
+                ctx.lift_expired(&volume).await;
+                let _ = synced.wait_for(|(a, b)| *a && *b).await;
+            }
+        }
+        None => {
+            let _ = ready.await;
+        }
+    }
     loop {
         let wake = ctx.pass(&volume).await;
         let sleep = wake.map(|t| elapsed(Timestamp::now(), t).max(Duration::from_millis(10)));
@@ -1350,6 +1430,7 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
         ),
         metrics: agent_metrics,
         workers: Mutex::new(HashMap::new()),
+        synced: tokio::sync::watch::channel((false, false)).0,
         volume_locks: Mutex::new(HashMap::new()),
         stopping: AtomicBool::new(false),
     });
@@ -1363,26 +1444,34 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
         watcher::Config::default(),
     )
     .default_backoff()
-    .reflect(snap_writer)
-    .touched_objects();
+    .reflect(snap_writer);
     let vol_events = watcher(
         Api::<DeserializeGuard<MiroirVolume>>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
-    .reflect(vol_writer)
-    .touched_objects();
+    .reflect(vol_writer);
     let c1 = ctx.clone();
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(async move {
         let mut s = std::pin::pin!(snap_events);
         while let Some(ev) = s.next().await {
             match ev {
-                Ok(g) => {
+                Ok(
+                    watcher::Event::Apply(g)
+                    | watcher::Event::Delete(g)
+                    | watcher::Event::InitApply(g),
+                ) => {
                     if let Ok(snap) = &g.0 {
                         c1.notify(&snap.spec.volume_name);
                     }
                 }
+                // The store swaps in the new list at InitDone: look at every volume again.
+                Ok(watcher::Event::InitDone) => {
+                    c1.synced.send_modify(|s| s.0 = true);
+                    c1.notify_all();
+                }
+                Ok(_) => {}
                 Err(e) => warn!(error = %e, "snapshot watch error"),
             }
         }
@@ -1392,7 +1481,7 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
         let mut s = std::pin::pin!(vol_events);
         while let Some(ev) = s.next().await {
             match ev {
-                Ok(g) => {
+                Ok(watcher::Event::Apply(g) | watcher::Event::Delete(g)) => {
                     let name = g.name_any();
                     let exists = c2
                         .workers
@@ -1403,6 +1492,11 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
                         c2.notify(&name);
                     }
                 }
+                Ok(watcher::Event::InitDone) => {
+                    c2.synced.send_modify(|s| s.1 = true);
+                    c2.notify_all();
+                }
+                Ok(_) => {}
                 Err(e) => warn!(error = %e, "volume watch error"),
             }
         }
@@ -1420,11 +1514,11 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
     }
     {
         let h = health.clone();
-        let (a, b) = (snap_reader.clone(), vol_reader.clone());
+        let mut rx = ctx.synced.subscribe();
         tasks.spawn(async move {
-            let _ = a.wait_until_ready().await;
-            let _ = b.wait_until_ready().await;
-            h.set("informers-synced", Ok(()));
+            if rx.wait_for(|(a, b)| *a && *b).await.is_ok() {
+                h.set("informers-synced", Ok(()));
+            }
         });
     }
     tasks.spawn(heartbeat(
@@ -1440,6 +1534,7 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
         loop {
             tokio::time::sleep(sweep_interval).await;
             c3.sweep().await;
+            c3.prune_memory();
         }
     });
     let c4 = ctx.clone();
@@ -1515,5 +1610,19 @@ mod tests {
         assert_eq!(a.barrier_fail_limit, 5);
         assert_eq!(a.sweep_interval, Duration::from_secs(300));
         assert!(!a.loopfile_full_copy);
+        for (arg, want) in [
+            ("--loopfile-full-copy", true),
+            ("--loopfile-full-copy=true", true),
+            ("--loopfile-full-copy=false", false),
+        ] {
+            let m = command()
+                .try_get_matches_from(["snapshot-agent", "--node-name", "n1", arg])
+                .unwrap();
+            assert_eq!(
+                AgentArgs::from_arg_matches(&m).unwrap().loopfile_full_copy,
+                want,
+                "{arg}"
+            );
+        }
     }
 }

@@ -7,7 +7,8 @@
 //!   each leg's disk state, plus optional faults;
 //! - `<node>.state.json`, this node's "kernel": suspended and frozen resources. It lives in a
 //!   file so an agent restart keeps it, like the real kernel; deleting it models a reboot;
-//! - `<node>.events.jsonl`, this node's event log, one JSON object per line.
+//! - `<node>.events.jsonl`, this node's event log, one JSON object per line: every kernel
+//!   state transition (an idempotent repeat is not one) and every cut.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -75,6 +76,9 @@ pub struct FakeEvent {
     pub volume: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// For `cut`: how long sync, delete and cut took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ns: Option<u128>,
 }
 
 pub fn cluster_path(dir: &Path) -> PathBuf {
@@ -153,16 +157,31 @@ impl FakeBarrier {
             .unwrap_or_default())
     }
 
-    fn update(&self, f: impl FnOnce(&mut FakeKernel)) -> Result<()> {
+    /// Changes the kernel state; returns whether anything changed (the event log records
+    /// transitions only, so an idempotent re-assert of suspend-io leaves no second entry).
+    fn update(&self, f: impl FnOnce(&mut FakeKernel) -> bool) -> Result<bool> {
         let _g = self.kernel.lock().unwrap_or_else(|p| p.into_inner());
         let mut k = read_kernel(&self.dir, &self.node);
-        f(&mut k);
+        if !f(&mut k) {
+            return Ok(false);
+        }
         let bytes = serde_json::to_vec(&k).unwrap_or_default();
         write_atomic(&kernel_path(&self.dir, &self.node), &bytes)
-            .map_err(|e| BarrierError(format!("fake kernel state: {e}")))
+            .map_err(|e| BarrierError(format!("fake kernel state: {e}")))?;
+        Ok(true)
     }
 
     fn record(&self, event: &str, volume: &str, snapshot: Option<&str>) {
+        self.record_with(event, volume, snapshot, None)
+    }
+
+    fn record_with(
+        &self,
+        event: &str,
+        volume: &str,
+        snapshot: Option<&str>,
+        duration_ns: Option<u128>,
+    ) {
         let ev = FakeEvent {
             at_ns: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -172,6 +191,7 @@ impl FakeBarrier {
             event: event.into(),
             volume: volume.into(),
             snapshot: snapshot.map(str::to_string),
+            duration_ns,
         };
         let line = serde_json::to_string(&ev).unwrap_or_default();
         if let Ok(mut f) = std::fs::OpenOptions::new()
@@ -248,16 +268,13 @@ impl Barrier for FakeBarrier {
             let faults = self.faults()?;
             if faults.suspend_fails {
                 if faults.suspend_sets_flag {
-                    self.update(|k| {
-                        k.suspended.insert(resource.to_string());
-                    })?;
+                    self.update(|k| k.suspended.insert(resource.to_string()))?;
                 }
                 return Err(BarrierError(format!("fake: suspend-io {resource} failed")));
             }
-            self.update(|k| {
-                k.suspended.insert(resource.to_string());
-            })?;
-            self.record("suspend", resource, None);
+            if self.update(|k| k.suspended.insert(resource.to_string()))? {
+                self.record("suspend", resource, None);
+            }
             Ok(())
         })
     }
@@ -267,10 +284,9 @@ impl Barrier for FakeBarrier {
             if self.faults()?.resume_fails {
                 return Err(BarrierError(format!("fake: resume-io {resource} failed")));
             }
-            self.update(|k| {
-                k.suspended.remove(resource);
-            })?;
-            self.record("resume", resource, None);
+            if self.update(|k| k.suspended.remove(resource))? {
+                self.record("resume", resource, None);
+            }
             Ok(())
         })
     }
@@ -297,26 +313,31 @@ impl Barrier for FakeBarrier {
 
     fn freeze<'a>(&'a self, resource: &'a str, _mountpoint: &'a Path) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.update(|k| {
-                k.frozen.insert(resource.to_string());
-            })?;
-            self.record("freeze", resource, None);
+            if self.update(|k| k.frozen.insert(resource.to_string()))? {
+                self.record("freeze", resource, None);
+            }
             Ok(())
         })
     }
 
     fn thaw<'a>(&'a self, resource: &'a str, _mountpoint: &'a Path) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.update(|k| {
-                k.frozen.remove(resource);
-            })?;
-            self.record("thaw", resource, None);
+            if self.update(|k| k.frozen.remove(resource))? {
+                self.record("thaw", resource, None);
+            }
             Ok(())
         })
     }
 
-    fn note_cut<'a>(&'a self, resource: &'a str, snapshot: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(async move { self.record("cut", resource, Some(snapshot)) })
+    fn note_cut<'a>(
+        &'a self,
+        resource: &'a str,
+        snapshot: &'a str,
+        took: std::time::Duration,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(
+            async move { self.record_with("cut", resource, Some(snapshot), Some(took.as_nanos())) },
+        )
     }
 }
 
@@ -367,13 +388,27 @@ mod tests {
 
         a.freeze("pvc-1", &mp).await.unwrap();
         a.suspend("pvc-1").await.unwrap();
+        // Re-asserting is idempotent, like the kernel: no second transition.
+        a.suspend("pvc-1").await.unwrap();
+        a.freeze("pvc-1", &mp).await.unwrap();
         assert!(a.status("pvc-1").await.unwrap().unwrap().suspended_user);
         assert_eq!(a.suspended().await.unwrap(), ["pvc-1"]);
-        a.note_cut("pvc-1", "snap-1").await;
+        a.note_cut("pvc-1", "snap-1", std::time::Duration::from_millis(3))
+            .await;
+        a.resume("pvc-1").await.unwrap();
+        a.thaw("pvc-1", &mp).await.unwrap();
         a.resume("pvc-1").await.unwrap();
         a.thaw("pvc-1", &mp).await.unwrap();
         assert!(a.suspended().await.unwrap().is_empty());
 
+        let cut = read_events(dir.path(), "a")
+            .into_iter()
+            .find(|e| e.event == "cut")
+            .unwrap();
+        assert_eq!(
+            (cut.snapshot.as_deref(), cut.duration_ns),
+            (Some("snap-1"), Some(3_000_000))
+        );
         let evs: Vec<String> = read_events(dir.path(), "a")
             .into_iter()
             .map(|e| e.event)

@@ -118,8 +118,14 @@ pub trait Barrier: Send + Sync {
     fn freeze<'a>(&'a self, resource: &'a str, mountpoint: &'a Path) -> BoxFuture<'a, Result<()>>;
     /// FITHAW; "not frozen" is success.
     fn thaw<'a>(&'a self, resource: &'a str, mountpoint: &'a Path) -> BoxFuture<'a, Result<()>>;
-    /// Called after a successful cut; only the fake barrier records it (event log order).
-    fn note_cut<'a>(&'a self, _resource: &'a str, _snapshot: &'a str) -> BoxFuture<'a, ()> {
+    /// Called after a successful cut (sync, delete and cut took `took`); only the fake barrier
+    /// records it (event log order, and the cut time `make bench` subtracts).
+    fn note_cut<'a>(
+        &'a self,
+        _resource: &'a str,
+        _snapshot: &'a str,
+        _took: std::time::Duration,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async {})
     }
 }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Creates (once) the virtualenv holding the pinned Jumpstarter 0.9.0 Python packages that the
+# wire-schema check and the real-exporter e2e tests use, and prints its path on stdout.
+#
+#   hack/jumpstarter-venv.sh            # prints e.g. /root/.cache/ucm/venv-jumpstarter
+#
+# UCM_JUMPSTARTER_VENV overrides the location. The venv is rebuilt when this file's pins change
+# (a stamp holds their hash). Any failure exits non-zero with pip's message: callers fail loudly.
+set -euo pipefail
+venv=${UCM_JUMPSTARTER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ucm/venv-jumpstarter}
+python=${PYTHON:-python3}
+pins=(
+  jumpstarter==0.9.0
+  jumpstarter-protocol==0.9.0
+  jumpstarter-driver-power==0.9.0
+  jumpstarter-cli==0.9.0
+  jumpstarter-cli-admin==0.9.0
+  googleapis-common-protos==1.76.0
+  protobuf==7.36.2
+  grpcio==1.85.3
+)
+stamp=$(printf '%s\n' "${pins[@]}" | sha256sum | cut -c1-16)
+if [[ -f "$venv/.ucm-stamp" && "$(cat "$venv/.ucm-stamp")" == "$stamp" ]]; then
+  echo "$venv"
+  exit 0
+fi
+rm -rf "$venv"
+mkdir -p "$(dirname "$venv")"
+"$python" -m venv "$venv" >&2
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}" >&2
+echo "$stamp" >"$venv/.ucm-stamp"
+echo "$venv"

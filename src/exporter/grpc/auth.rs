@@ -1,0 +1,245 @@
+//! Caller authentication and authorization (spec §7.2): exactly one `authorization: Bearer <jwt>`
+//! verified with the signing key, the `jumpstarter-namespace/kind/name` metadata, and the named
+//! object's accepted usernames. Errors never carry token text, Secret names or Kubernetes errors.
+
+use jiff::Timestamp;
+use kube::{Api, Resource, ResourceExt};
+use tonic::{Request, Status};
+
+use super::super::token::{self, DEFAULT_PREFIX, SigningKey};
+use super::super::types::{Client, Exporter};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Exporter,
+    Client,
+}
+
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub namespace: String,
+    pub name: String,
+    pub kind: Kind,
+}
+
+fn one_md<'a, T>(req: &'a Request<T>, key: &str) -> Result<&'a str, Status> {
+    let mut values = req.metadata().get_all(key).iter();
+    match (values.next(), values.next()) {
+        (Some(v), None) => v
+            .to_str()
+            .ok()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| Status::invalid_argument(format!("malformed metadata: {key}"))),
+        (None, _) => Err(Status::invalid_argument(format!("missing metadata: {key}"))),
+        _ => Err(Status::invalid_argument(format!(
+            "multiple values for metadata: {key}"
+        ))),
+    }
+}
+
+/// The bearer token (rule 7.2.1): missing → Unauthenticated, malformed → InvalidArgument.
+pub fn bearer<T>(req: &Request<T>) -> Result<&str, Status> {
+    let mut values = req.metadata().get_all("authorization").iter();
+    let v = match (values.next(), values.next()) {
+        (None, _) => return Err(Status::unauthenticated("missing authorization header")),
+        (Some(v), None) => v,
+        _ => return Err(Status::invalid_argument("multiple authorization headers")),
+    };
+    let v = v
+        .to_str()
+        .map_err(|_| Status::invalid_argument("malformed authorization header"))?;
+    match v.split_once(' ') {
+        Some((scheme, tok)) if scheme.eq_ignore_ascii_case("bearer") && !tok.trim().is_empty() => {
+            Ok(tok.trim())
+        }
+        _ => Err(Status::invalid_argument("malformed authorization header")),
+    }
+}
+
+/// The pure part: token and metadata. Returns the caller and the username from the token.
+pub fn identify<T>(
+    key: &SigningKey,
+    req: &Request<T>,
+    watched: Option<&str>,
+    now: Timestamp,
+) -> Result<(Caller, String), Status> {
+    let tok = bearer(req)?;
+    let claims = token::verify(key, tok, now)
+        .map_err(|e| Status::unauthenticated(format!("authentication failed: {e}")))?;
+    let namespace = one_md(req, "jumpstarter-namespace")?.to_string();
+    let kind = match one_md(req, "jumpstarter-kind")? {
+        "Exporter" => Kind::Exporter,
+        "Client" => Kind::Client,
+        _ => {
+            return Err(Status::invalid_argument(
+                "invalid metadata: jumpstarter-kind",
+            ));
+        }
+    };
+    let name = one_md(req, "jumpstarter-name")?.to_string();
+    if watched.is_some_and(|w| w != namespace) {
+        return Err(Status::permission_denied(format!(
+            "namespace {namespace} is not served by this controller"
+        )));
+    }
+    Ok((
+        Caller {
+            namespace,
+            name,
+            kind,
+        },
+        format!("{DEFAULT_PREFIX}{}", claims.sub),
+    ))
+}
+
+fn accepted<K: Resource<DynamicType = ()>>(
+    obj: &K,
+    kind_prefix: &str,
+    namespace: &str,
+    spec_username: Option<&str>,
+) -> Vec<String> {
+    let subject = token::subject(
+        kind_prefix,
+        namespace,
+        &obj.name_any(),
+        obj.meta().uid.as_deref().unwrap_or_default(),
+        obj.meta().annotations.as_ref(),
+    );
+    let mut v = vec![format!("{DEFAULT_PREFIX}{subject}")];
+    v.extend(spec_username.map(str::to_string));
+    v
+}
+
+/// Full check (rules 7.2.1–7.2.5): `allowed` lists the kinds the RPC accepts.
+pub async fn authorize<T>(
+    client: &kube::Client,
+    key: &SigningKey,
+    watched: Option<&str>,
+    req: &Request<T>,
+    allowed: &[Kind],
+) -> Result<Caller, Status> {
+    let (caller, username) = identify(key, req, watched, Timestamp::now())?;
+    if !allowed.contains(&caller.kind) {
+        return Err(Status::permission_denied(format!(
+            "this call is not available to a {:?}",
+            caller.kind
+        )));
+    }
+    let denied = || {
+        Status::permission_denied(format!(
+            "{:?} {}/{} is not authorized",
+            caller.kind, caller.namespace, caller.name
+        ))
+    };
+    let names = match caller.kind {
+        Kind::Exporter => {
+            let api: Api<Exporter> = Api::namespaced(client.clone(), &caller.namespace);
+            let obj = api
+                .get_opt(&caller.name)
+                .await
+                .map_err(|_| Status::unavailable("cannot read the caller's object"))?
+                .ok_or_else(denied)?;
+            accepted(
+                &obj,
+                "exporter",
+                &caller.namespace,
+                obj.spec.username.as_deref(),
+            )
+        }
+        Kind::Client => {
+            let api: Api<Client> = Api::namespaced(client.clone(), &caller.namespace);
+            let obj = api
+                .get_opt(&caller.name)
+                .await
+                .map_err(|_| Status::unavailable("cannot read the caller's object"))?
+                .ok_or_else(denied)?;
+            accepted(
+                &obj,
+                "client",
+                &caller.namespace,
+                obj.spec.username.as_deref(),
+            )
+        }
+    };
+    if names.contains(&username) {
+        Ok(caller)
+    } else {
+        Err(denied())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jiff::SignedDuration;
+
+    fn req(token: Option<&str>, md: &[(&'static str, &str)]) -> Request<()> {
+        let mut r = Request::new(());
+        if let Some(t) = token {
+            r.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        for (k, v) in md {
+            r.metadata_mut().append(*k, v.parse().unwrap());
+        }
+        r
+    }
+
+    const MD: &[(&str, &str)] = &[
+        ("jumpstarter-namespace", "lab"),
+        ("jumpstarter-kind", "Exporter"),
+        ("jumpstarter-name", "e1"),
+    ];
+
+    #[test]
+    fn codes_as_upstream_and_no_token_text() {
+        let key = SigningKey::from_seed("a").unwrap();
+        let other = SigningKey::from_seed("b").unwrap();
+        let now = Timestamp::now();
+        let (good, _) = token::mint(
+            &key,
+            "exporter:lab:e1:u",
+            now,
+            SignedDuration::from_hours(1),
+        );
+        let (foreign, _) = token::mint(
+            &other,
+            "exporter:lab:e1:u",
+            now,
+            SignedDuration::from_hours(1),
+        );
+        let (expired, _) = token::mint(
+            &key,
+            "exporter:lab:e1:u",
+            now - SignedDuration::from_hours(2),
+            SignedDuration::from_hours(1),
+        );
+        let (c, user) = identify(&key, &req(Some(&good), MD), None, now).unwrap();
+        assert_eq!(
+            (c.kind, c.name.as_str(), user.as_str()),
+            (Kind::Exporter, "e1", "internal:exporter:lab:e1:u")
+        );
+        let code = |r: Request<()>, w: Option<&str>| identify(&key, &r, w, now).unwrap_err();
+        assert_eq!(
+            code(req(None, MD), None).code(),
+            tonic::Code::Unauthenticated
+        );
+        for bad in [&foreign, &expired] {
+            let e = code(req(Some(bad), MD), None);
+            assert_eq!(e.code(), tonic::Code::Unauthenticated);
+            assert!(!e.message().contains(bad.as_str()));
+        }
+        assert_eq!(
+            code(req(Some(&good), &MD[..2]), None).code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            code(req(Some(&good), MD), Some("elsewhere")).code(),
+            tonic::Code::PermissionDenied
+        );
+        let mut two = req(Some(&good), MD);
+        two.metadata_mut()
+            .append("authorization", "Bearer x".parse().unwrap());
+        assert_eq!(code(two, None).code(), tonic::Code::InvalidArgument);
+    }
+}

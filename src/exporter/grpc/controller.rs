@@ -1,0 +1,615 @@
+//! `jumpstarter.v1.ControllerService` (spec §7.3–7.5).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::Patch;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::{BinaryMetadataValue, MetadataValue};
+use tonic::{Request, Response, Status};
+use tracing::{debug, warn};
+
+use super::super::exporter_status;
+use super::super::proto::jumpstarter::v1 as pb;
+use super::super::reconcile::{Ctx, status_merge_patch};
+use super::super::router_token::{self, RouterKey};
+use super::super::types::{Device, Exporter, ExporterStatus, ExporterStatusValue, Lease};
+use super::auth::{self, Caller, Kind};
+use crate::conditions;
+
+pub const RECORDS_HOOKS_MD: &str = "jumpstarter-records-lease-hooks";
+pub const LEASE_HOOKS_BIN_MD: &str = "jumpstarter-lease-hooks-bin";
+const LABEL_PREFIX: &str = "jumpstarter.dev/";
+const LISTEN_QUEUE: usize = 8;
+
+type ListenTx = mpsc::Sender<Result<pb::ListenResponse, Status>>;
+
+pub struct Controller {
+    pub ctx: Arc<Ctx>,
+    pub watched: Option<String>,
+    pub router_key: RouterKey,
+    pub router_endpoint: String,
+    /// (namespace, lease) → (generation, queue) of the current Listen stream (rule 7.5.5).
+    listeners: Mutex<HashMap<(String, String), (u64, ListenTx)>>,
+    next: std::sync::atomic::AtomicU64,
+    /// Cancelled when this serving session ends (leadership lost, shutdown): ends every stream
+    /// so the server's graceful stop does not wait on them.
+    pub stop: tokio_util::sync::CancellationToken,
+}
+
+pub fn status_value(v: i32) -> ExporterStatusValue {
+    usize::try_from(v)
+        .ok()
+        .and_then(|i| ExporterStatusValue::ALL.get(i).copied())
+        .unwrap_or(ExporterStatusValue::Unspecified)
+}
+
+fn internal(what: &str) -> Status {
+    Status::unavailable(format!("cannot {what}; retry later"))
+}
+
+impl Controller {
+    pub fn new(
+        ctx: Arc<Ctx>,
+        watched: Option<String>,
+        router_key: RouterKey,
+        router_endpoint: String,
+    ) -> Self {
+        Controller {
+            ctx,
+            watched,
+            router_key,
+            router_endpoint,
+            listeners: Default::default(),
+            next: Default::default(),
+            stop: tokio_util::sync::CancellationToken::new(),
+        }
+    }
+
+    async fn auth<T>(&self, req: &Request<T>, kinds: &[Kind]) -> Result<Caller, Status> {
+        let r = auth::authorize(
+            &self.ctx.client,
+            &self.ctx.key,
+            self.watched.as_deref(),
+            req,
+            kinds,
+        )
+        .await;
+        if let Err(e) = &r {
+            debug!(code = ?e.code(), "gRPC call refused");
+        }
+        r
+    }
+
+    /// Ends every Listen stream (their senders are dropped).
+    pub fn close_listeners(&self) {
+        self.listeners.lock().expect("listeners").clear();
+    }
+
+    fn exporters(&self, ns: &str) -> Api<Exporter> {
+        Api::namespaced(self.ctx.client.clone(), ns)
+    }
+
+    fn leases(&self, ns: &str) -> Api<Lease> {
+        Api::namespaced(self.ctx.client.clone(), ns)
+    }
+
+    /// Read fresh, apply `f`, derive conditions (rule 4.4.2), merge-patch fenced by
+    /// resourceVersion; retried on conflict up to 5 times (rule 4.6.3).
+    pub async fn write_status(
+        &self,
+        ns: &str,
+        name: &str,
+        source: &str,
+        f: impl Fn(&mut ExporterStatus, &Exporter),
+    ) -> Result<Exporter, Status> {
+        let api = self.exporters(ns);
+        for _ in 0..5 {
+            let exp = api
+                .get_opt(name)
+                .await
+                .map_err(|_| internal("read the exporter"))?
+                .ok_or_else(|| Status::not_found("exporter not found"))?;
+            let observed = exp.status.clone();
+            let mut st = observed.clone().unwrap_or_default();
+            f(&mut st, &exp);
+            let mut conds = st.conditions.take().unwrap_or_default();
+            exporter_status::derive_conditions(
+                &mut st,
+                &mut conds,
+                exp.metadata.generation,
+                self.ctx.settings.status.offline_threshold,
+                Timestamp::now(),
+            );
+            st.conditions = Some(conds);
+            let Some(mut patch) = status_merge_patch(observed.as_ref(), &st) else {
+                return Ok(exp);
+            };
+            // Conditions are always sent whole (rule 4.6.2).
+            patch["conditions"] = serde_json::to_value(&st.conditions).unwrap_or_default();
+            let rv = exp.resource_version().unwrap_or_default();
+            match self
+                .ctx
+                .writer
+                .merge_status_fenced(&api, name, &rv, &patch)
+                .await
+            {
+                Ok(e) => {
+                    self.ctx
+                        .metrics
+                        .status_writes
+                        .with_label_values(&[source])
+                        .inc();
+                    return Ok(e);
+                }
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => {
+                    warn!(exporter = name, namespace = ns, error = %e, "exporter status write failed");
+                    return Err(internal("update the exporter status"));
+                }
+            }
+        }
+        Err(Status::aborted("exporter status kept changing; retry"))
+    }
+
+    fn now_time() -> Time {
+        conditions::truncate(Timestamp::now())
+    }
+
+    async fn status_response(&self, exp: &Exporter) -> pb::StatusResponse {
+        let Some(lease) = exp
+            .status
+            .as_ref()
+            .and_then(|s| s.lease_ref.as_ref())
+            .map(|r| r.name.clone())
+        else {
+            return pb::StatusResponse::default();
+        };
+        let ns = exp.namespace().unwrap_or_default();
+        let client = self
+            .leases(&ns)
+            .get_opt(&lease)
+            .await
+            .ok()
+            .flatten()
+            .map(|l| l.spec.client_ref.name);
+        pb::StatusResponse {
+            leased: true,
+            lease_name: Some(lease),
+            client_name: client,
+        }
+    }
+
+    /// Status stream body: watch the own Exporter, send changes, heartbeat every W (±10%).
+    async fn status_loop(
+        self: Arc<Self>,
+        ns: String,
+        name: String,
+        tx: mpsc::Sender<Result<pb::StatusResponse, Status>>,
+    ) {
+        let api = self.exporters(&ns);
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = watcher::watcher(api, cfg).boxed();
+        let w = self.ctx.settings.heartbeat_interval.unsigned_abs();
+        let jittered = || w.mul_f64(0.9 + rand::random::<f64>() * 0.2);
+        let mut next_beat = tokio::time::Instant::now() + jittered();
+        let mut last: Option<pb::StatusResponse> = None;
+        loop {
+            tokio::select! {
+                _ = tx.closed() => return,
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep_until(next_beat) => {
+                    let now = Self::now_time();
+                    if self.write_status(&ns, &name, "heartbeat", |s, _| s.last_seen = Some(now.clone())).await.is_err() {
+                        debug!(exporter = %name, "heartbeat write failed; retrying at the next beat");
+                    }
+                    next_beat = tokio::time::Instant::now() + jittered();
+                }
+                ev = events.next() => {
+                    let exp = match ev {
+                        Some(Ok(watcher::Event::Apply(e) | watcher::Event::InitApply(e))) => e,
+                        Some(Ok(watcher::Event::Delete(_))) => return,
+                        Some(Ok(_)) => continue,
+                        Some(Err(_)) => { tokio::time::sleep(Duration::from_secs(1)).await; continue; }
+                        None => return,
+                    };
+                    let resp = self.status_response(&exp).await;
+                    if last.as_ref() != Some(&resp) {
+                        if tx.send(Ok(resp.clone())).await.is_err() { return; }
+                        last = Some(resp);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn lease_for_client(&self, caller: &Caller, lease: &str) -> Result<Lease, Status> {
+        let l = self
+            .leases(&caller.namespace)
+            .get_opt(lease)
+            .await
+            .map_err(|_| internal("read the lease"))?
+            .ok_or_else(|| Status::not_found("lease not found"))?;
+        if l.spec.client_ref.name != caller.name {
+            return Err(Status::permission_denied("permission denied"));
+        }
+        Ok(l)
+    }
+
+    async fn release(&self, ns: &str, lease: &str) -> Result<(), Status> {
+        self.ctx
+            .writer
+            .patch(
+                &self.leases(ns),
+                lease,
+                &Patch::Merge(json!({"spec": {"release": true}})),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|_| internal("release the lease"))
+    }
+
+    /// Exporter status gate for Dial (rule 7.5.1).
+    async fn dial_gate(&self, ns: &str, exporter: &str) -> Result<(), Status> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let exp = self
+                .exporters(ns)
+                .get_opt(exporter)
+                .await
+                .map_err(|_| internal("read the exporter"))?
+                .ok_or_else(|| Status::failed_precondition("exporter not found"))?;
+            use ExporterStatusValue as S;
+            match exp.status.and_then(|s| s.exporter_status) {
+                None
+                | Some(S::Unspecified | S::LeaseReady | S::BeforeLeaseHook | S::AfterLeaseHook) => {
+                    return Ok(());
+                }
+                Some(S::Available) if tokio::time::Instant::now() + backoff < deadline => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(3));
+                }
+                Some(S::Available) => {
+                    return Err(Status::failed_precondition(
+                        "exporter is not ready for connections (still Available)",
+                    ));
+                }
+                Some(S::Offline) => return Err(Status::failed_precondition("exporter is offline")),
+                Some(S::BeforeLeaseHookFailed) => {
+                    return Err(Status::failed_precondition("beforeLease hook failed"));
+                }
+                Some(S::AfterLeaseHookFailed) => {
+                    return Err(Status::failed_precondition("afterLease hook failed"));
+                }
+            }
+        }
+    }
+}
+
+fn hooks_header<T>(resp: &mut Response<T>, exp: &Exporter) {
+    if let Some(h) = exp.status.as_ref().and_then(|s| s.lease_hooks.as_ref())
+        && let Ok(json) = serde_json::to_vec(h)
+    {
+        resp.metadata_mut()
+            .insert_bin(LEASE_HOOKS_BIN_MD, BinaryMetadataValue::from_bytes(&json));
+    }
+}
+
+#[tonic::async_trait]
+impl pb::controller_service_server::ControllerService for Arc<Controller> {
+    async fn register(
+        &self,
+        req: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let caller = self.auth(&req, &[Kind::Exporter]).await?;
+        let declares = req
+            .metadata()
+            .get(RECORDS_HOOKS_MD)
+            .is_some_and(|v| v.to_str().ok() == Some("v1"));
+        let body = req.into_inner();
+        let (ns, name) = (caller.namespace.as_str(), caller.name.as_str());
+        // Labels: jumpstarter.dev/* are replaced by the request's; the user's stay.
+        let exp = self
+            .exporters(ns)
+            .get(name)
+            .await
+            .map_err(|_| internal("read the exporter"))?;
+        let mut labels = serde_json::Map::new();
+        for k in exp.labels().keys().filter(|k| k.starts_with(LABEL_PREFIX)) {
+            labels.insert(k.clone(), serde_json::Value::Null);
+        }
+        for (k, v) in body
+            .labels
+            .iter()
+            .filter(|(k, _)| k.starts_with(LABEL_PREFIX))
+        {
+            labels.insert(k.clone(), json!(v));
+        }
+        labels.retain(|k, v| exp.labels().get(k).map(|o| json!(o)) != Some(v.clone()));
+        if !labels.is_empty() {
+            self.ctx
+                .writer
+                .patch(
+                    &self.exporters(ns),
+                    name,
+                    &Patch::Merge(json!({"metadata": {"labels": labels}})),
+                )
+                .await
+                .map_err(|_| internal("update the exporter labels"))?;
+        }
+        let devices: Vec<Device> = body
+            .reports
+            .iter()
+            .map(|r| Device {
+                uuid: Some(r.uuid.clone()),
+                parent_uuid: r.parent_uuid.clone(),
+                labels: (!r.labels.is_empty()).then(|| {
+                    r.labels
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                }),
+            })
+            .collect();
+        let exp = self
+            .write_status(ns, name, "register", |s, _| {
+                s.devices = Some(devices.clone());
+                s.records_lease_hooks = Some(declares);
+                if declares {
+                    s.exporter_status = Some(ExporterStatusValue::Unspecified);
+                    s.status_message = Some("Exporter registered".into());
+                } else {
+                    s.lease_hooks = None;
+                }
+            })
+            .await?;
+        let mut resp = Response::new(pb::RegisterResponse {
+            uuid: exp.uid().unwrap_or_default(),
+        });
+        if declares {
+            resp.metadata_mut()
+                .insert(RECORDS_HOOKS_MD, MetadataValue::from_static("v1"));
+            hooks_header(&mut resp, &exp);
+        }
+        Ok(resp)
+    }
+
+    async fn unregister(
+        &self,
+        req: Request<pb::UnregisterRequest>,
+    ) -> Result<Response<pb::UnregisterResponse>, Status> {
+        let caller = self.auth(&req, &[Kind::Exporter]).await?;
+        let reason = req.into_inner().reason;
+        let msg = if reason.is_empty() {
+            "Exporter unregistered".to_string()
+        } else {
+            reason
+        };
+        self.write_status(&caller.namespace, &caller.name, "unregister", |s, _| {
+            s.devices = None;
+            s.exporter_status = Some(ExporterStatusValue::Offline);
+            s.status_message = Some(msg.clone());
+        })
+        .await?;
+        Ok(Response::new(pb::UnregisterResponse {}))
+    }
+
+    async fn report_status(
+        &self,
+        req: Request<pb::ReportStatusRequest>,
+    ) -> Result<Response<pb::ReportStatusResponse>, Status> {
+        let caller = self.auth(&req, &[Kind::Exporter]).await?;
+        let body = req.into_inner();
+        let value = status_value(body.status);
+        let now = Controller::now_time();
+        let exp = self
+            .write_status(&caller.namespace, &caller.name, "report", |s, _| {
+                s.exporter_status = Some(value);
+                s.status_message = body.message.clone();
+                s.last_seen = Some(now.clone());
+            })
+            .await?;
+        if body.release_lease == Some(true)
+            && let Some(lease) = exp.status.as_ref().and_then(|s| s.lease_ref.as_ref())
+            && let Err(e) = self.release(&caller.namespace, &lease.name).await
+        {
+            warn!(exporter = %caller.name, code = ?e.code(), "release_lease from ReportStatus failed");
+        }
+        Ok(Response::new(pb::ReportStatusResponse {}))
+    }
+
+    async fn listen(
+        &self,
+        req: Request<pb::ListenRequest>,
+    ) -> Result<Response<tonic::codegen::BoxStream<pb::ListenResponse>>, Status> {
+        let caller = self.auth(&req, &[Kind::Exporter]).await?;
+        let lease_name = req.into_inner().lease_name;
+        let lease = self
+            .leases(&caller.namespace)
+            .get_opt(&lease_name)
+            .await
+            .map_err(|_| internal("read the lease"))?
+            .ok_or_else(|| Status::not_found("lease not found"))?;
+        if lease.status.as_ref().and_then(|s| s.exporter_ref_name()) != Some(caller.name.as_str()) {
+            return Err(Status::permission_denied("permission denied"));
+        }
+        let (tx, rx) = mpsc::channel(LISTEN_QUEUE);
+        let generation = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // A new Listen supersedes the previous one: dropping its sender ends it.
+        self.listeners
+            .lock()
+            .expect("listeners")
+            .insert((caller.namespace, lease_name), (generation, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn status(
+        &self,
+        req: Request<pb::StatusRequest>,
+    ) -> Result<Response<tonic::codegen::BoxStream<pb::StatusResponse>>, Status> {
+        let caller = self.auth(&req, &[Kind::Exporter]).await?;
+        let now = Controller::now_time();
+        let exp = self
+            .write_status(&caller.namespace, &caller.name, "connect", |s, _| {
+                s.last_seen = Some(now.clone());
+                if s.exporter_status == Some(ExporterStatusValue::Offline) {
+                    s.exporter_status = None;
+                    s.status_message = None;
+                }
+            })
+            .await?;
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(self.clone().status_loop(caller.namespace, caller.name, tx));
+        let mut resp: Response<tonic::codegen::BoxStream<pb::StatusResponse>> =
+            Response::new(Box::pin(ReceiverStream::new(rx)));
+        if exp.status.as_ref().and_then(|s| s.records_lease_hooks) == Some(true) {
+            hooks_header(&mut resp, &exp);
+        }
+        Ok(resp)
+    }
+
+    async fn dial(
+        &self,
+        req: Request<pb::DialRequest>,
+    ) -> Result<Response<pb::DialResponse>, Status> {
+        let caller = self.auth(&req, &[Kind::Client]).await?;
+        let lease_name = req.into_inner().lease_name;
+        let lease = self.lease_for_client(&caller, &lease_name).await?;
+        let exporter = lease
+            .status
+            .as_ref()
+            .and_then(|s| s.exporter_ref_name())
+            .ok_or_else(|| Status::failed_precondition("lease has no exporter yet"))?
+            .to_string();
+        self.dial_gate(&caller.namespace, &exporter).await?;
+        let (token, _, _) = router_token::mint(&self.router_key, Timestamp::now());
+        let resp = pb::ListenResponse {
+            router_endpoint: self.router_endpoint.clone(),
+            router_token: token.clone(),
+        };
+        let key = (caller.namespace.clone(), lease_name);
+        let tx = self
+            .listeners
+            .lock()
+            .expect("listeners")
+            .get(&key)
+            .map(|(_, tx)| tx.clone());
+        match tx.map(|tx| tx.try_send(Ok(resp))) {
+            None | Some(Err(mpsc::error::TrySendError::Closed(_))) => {
+                return Err(Status::unavailable(
+                    "exporter is not listening on this lease",
+                ));
+            }
+            Some(Err(mpsc::error::TrySendError::Full(_))) => {
+                return Err(Status::resource_exhausted("too many pending connections"));
+            }
+            Some(Ok(())) => {}
+        }
+        Ok(Response::new(pb::DialResponse {
+            router_endpoint: self.router_endpoint.clone(),
+            router_token: token,
+        }))
+    }
+
+    async fn get_lease(
+        &self,
+        req: Request<pb::GetLeaseRequest>,
+    ) -> Result<Response<pb::GetLeaseResponse>, Status> {
+        let caller = self.auth(&req, &[Kind::Client]).await?;
+        let l = self
+            .lease_for_client(&caller, &req.into_inner().name)
+            .await?;
+        let ts = |t: &Option<Time>| {
+            t.as_ref().map(|t| prost_types::Timestamp {
+                seconds: t.0.as_second(),
+                nanos: 0,
+            })
+        };
+        let st = l.status.clone().unwrap_or_default();
+        Ok(Response::new(pb::GetLeaseResponse {
+            duration: l
+                .spec
+                .duration
+                .as_deref()
+                .and_then(|d| super::super::godur::parse(d).ok())
+                .map(|d| prost_types::Duration {
+                    seconds: d.as_secs(),
+                    nanos: d.subsec_nanos(),
+                }),
+            selector: Some(pb::LabelSelector {
+                match_expressions: vec![],
+                match_labels: l
+                    .spec
+                    .selector
+                    .match_labels
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect(),
+            }),
+            begin_time: ts(&st.begin_time),
+            end_time: ts(&st.end_time),
+            exporter_uuid: None,
+            conditions: vec![],
+        }))
+    }
+
+    async fn release_lease(
+        &self,
+        req: Request<pb::ReleaseLeaseRequest>,
+    ) -> Result<Response<pb::ReleaseLeaseResponse>, Status> {
+        let caller = self.auth(&req, &[Kind::Exporter, Kind::Client]).await?;
+        let name = req.into_inner().name;
+        let lease = self
+            .leases(&caller.namespace)
+            .get_opt(&name)
+            .await
+            .map_err(|_| internal("read the lease"))?
+            .ok_or_else(|| Status::not_found("lease not found"))?;
+        let holder = match caller.kind {
+            Kind::Client => lease.spec.client_ref.name == caller.name,
+            Kind::Exporter => {
+                lease.status.as_ref().and_then(|s| s.exporter_ref_name())
+                    == Some(caller.name.as_str())
+            }
+        };
+        if !holder {
+            return Err(Status::permission_denied("permission denied"));
+        }
+        let done =
+            lease.spec.release == Some(true) || lease.status.as_ref().is_some_and(|s| s.ended);
+        if !done {
+            self.release(&caller.namespace, &name).await?;
+        }
+        Ok(Response::new(pb::ReleaseLeaseResponse {}))
+    }
+
+    async fn list_leases(
+        &self,
+        req: Request<pb::ListLeasesRequest>,
+    ) -> Result<Response<pb::ListLeasesResponse>, Status> {
+        let caller = self.auth(&req, &[Kind::Client]).await?;
+        let list = self
+            .leases(&caller.namespace)
+            .list(&Default::default())
+            .await
+            .map_err(|_| internal("list leases"))?;
+        let names = list
+            .items
+            .into_iter()
+            .filter(|l| l.spec.client_ref.name == caller.name)
+            .filter(|l| !l.status.as_ref().is_some_and(|s| s.ended))
+            .map(|l| l.name_any())
+            .collect();
+        Ok(Response::new(pb::ListLeasesResponse { names }))
+    }
+}

@@ -1,0 +1,161 @@
+//! The controller gRPC server (spec §7.1): one TLS listener on `--exporter-grpc-bind-address`
+//! serving ControllerService, gRPC health and reflection, only while this replica leads.
+
+pub mod auth;
+pub mod controller;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::ObjectMeta;
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::{error, info};
+
+use super::proto::jumpstarter::v1::controller_service_server::ControllerServiceServer;
+use super::reconcile::Ctx;
+use super::{proto, router, tls};
+use crate::runtime::Runtime;
+use controller::Controller;
+
+/// The self-signed certificate every leader serves (rule 7.1.1).
+pub const TLS_SECRET: &str = "ucm-exporter-grpc-tls";
+
+/// Runs until shutdown: serves while leading, stops on loss, starts again on re-acquisition.
+pub async fn run(rt: Runtime, ctx: Arc<Ctx>) {
+    let Some(addr) = ctx.settings.grpc_bind_address.addr() else {
+        info!("exporter gRPC server disabled (--exporter-grpc-bind-address=0)");
+        return;
+    };
+    let mut leading = rt.leadership.subscribe();
+    loop {
+        while !*leading.borrow_and_update() {
+            tokio::select! {
+                _ = rt.shutdown.cancelled() => return,
+                r = leading.changed() => if r.is_err() { return },
+            }
+        }
+        if let Err(e) = serve(&rt, &ctx, addr, leading.clone()).await {
+            error!(error = %e, "exporter gRPC server failed; retrying in 5s");
+            tokio::select! {
+                _ = rt.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            }
+        }
+        if rt.shutdown.is_cancelled() {
+            return;
+        }
+    }
+}
+
+/// The configured certificate, else the stored self-signed one (created once by the leader).
+async fn certificate(rt: &Runtime, ctx: &Ctx) -> Result<tls::CertPair, String> {
+    if let Some(c) = tls::from_env()? {
+        return Ok(c);
+    }
+    let api: Api<Secret> = rt.own_namespace();
+    for _ in 0..5 {
+        if let Some(s) = api
+            .get_opt(TLS_SECRET)
+            .await
+            .map_err(|e| format!("cannot read Secret {TLS_SECRET}: {e}"))?
+        {
+            let get = |k: &str| {
+                s.data
+                    .as_ref()
+                    .and_then(|d| d.get(k))
+                    .and_then(|b| String::from_utf8(b.0.clone()).ok())
+            };
+            return tls::from_values(get("tls.crt"), get("tls.key"))?
+                .ok_or_else(|| format!("Secret {TLS_SECRET} lacks tls.crt/tls.key"));
+        }
+        let pair = tls::self_signed(&ctx.settings.status.endpoint)?;
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(TLS_SECRET.into()),
+                namespace: Some(rt.config.manager_namespace.clone()),
+                ..Default::default()
+            },
+            type_: Some("kubernetes.io/tls".into()),
+            data: Some(BTreeMap::from([
+                (
+                    "tls.crt".into(),
+                    ByteString(pair.cert_pem.clone().into_bytes()),
+                ),
+                (
+                    "tls.key".into(),
+                    ByteString(pair.key_pem.clone().into_bytes()),
+                ),
+            ])),
+            ..Default::default()
+        };
+        match ctx.writer.create(&api, &secret).await {
+            Ok(_) => {
+                info!(
+                    secret = TLS_SECRET,
+                    "created the self-signed gRPC certificate"
+                );
+                return Ok(pair);
+            }
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => return Err(format!("cannot create Secret {TLS_SECRET}: {e}")),
+        }
+    }
+    Err(format!("cannot create or read Secret {TLS_SECRET}"))
+}
+
+async fn serve(
+    rt: &Runtime,
+    ctx: &Arc<Ctx>,
+    addr: std::net::SocketAddr,
+    mut leading: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), String> {
+    let certs = certificate(rt, ctx).await?;
+    let router_key = router::ensure_key(
+        std::env::var("ROUTER_KEY").ok().as_deref(),
+        &rt.own_namespace(),
+        &ctx.writer,
+        &rt.config.manager_namespace,
+    )
+    .await?;
+    let svc = Arc::new(Controller::new(
+        ctx.clone(),
+        rt.config.watch_namespace.clone(),
+        router_key,
+        ctx.settings.router_endpoint.clone(),
+    ));
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<ControllerServiceServer<Arc<Controller>>>()
+        .await;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    info!(%addr, endpoint = %ctx.settings.status.endpoint, "exporter gRPC server listening (leader)");
+    let stop = svc.stop.clone();
+    let shutdown = rt.shutdown.clone();
+    let session = svc.clone();
+    let stopper = async move {
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = async { while *leading.borrow_and_update() { if leading.changed().await.is_err() { break; } } } => {}
+        }
+        stop.cancel();
+        session.close_listeners();
+    };
+    let result = tonic::transport::Server::builder()
+        .tls_config(certs.server_tls())
+        .map_err(|e| format!("gRPC TLS: {e}"))?
+        .add_service(health_svc)
+        .add_service(proto::reflection_v1())
+        .add_service(proto::reflection_v1alpha())
+        .add_service(ControllerServiceServer::new(svc))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopper)
+        .await
+        .map_err(|e| format!("gRPC server: {e}"));
+    info!("exporter gRPC server stopped");
+    result
+}
