@@ -436,6 +436,20 @@ pub async fn reconcile(
         }
     }
 
+    if let Some(f) = &failure
+        && f.reason.as_deref() == Some(REASON_OBJECT_CREATION_FAILED)
+    {
+        ctx.writer
+            .event(
+                &oref,
+                EventType::Warning,
+                REASON_OBJECT_CREATION_FAILED,
+                "Create",
+                f.message.clone().unwrap_or_default(),
+            )
+            .await;
+    }
+
     // Step 8: the status.
     let mut conds = status.conditions.clone().unwrap_or_default();
     let (phase, ready) = match (&failure, &status_pod) {
