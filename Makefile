@@ -21,7 +21,7 @@ GO_SOURCES  := $(shell find e2e/cmd -name '*.go' 2>/dev/null) e2e/go.mod e2e/go.
 
 export GOTOOLCHAIN := local
 
-.PHONY: build lint fmt unit crds crds-check cluster e2e test run bench
+.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench
 
 build:
 	$(CARGO) build
@@ -65,7 +65,10 @@ cluster: $(KHARNESS) $(KUBECTL) $(HELM)
 e2e: cluster build
 	hack/e2e.sh
 
-test: lint crds-check unit e2e
+test-deps:
+	hack/test-deps.sh
+
+test: test-deps lint crds-check unit e2e
 
 run: build cluster
 	hack/run.sh

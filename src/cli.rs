@@ -179,3 +179,14 @@ fn print_rbac() -> i32 {
     }
     0
 }
+
+#[cfg(test)]
+mod tests {
+    /// clap's own consistency checks over the whole command tree: duplicate flags or argument
+    /// groups between features (e.g. two settings structs both named `Settings`) fail here
+    /// instead of crashing `ucm manager` at start.
+    #[test]
+    fn command_tree_is_consistent() {
+        super::command().debug_assert();
+    }
+}
