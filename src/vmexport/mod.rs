@@ -173,6 +173,12 @@ pub fn rbac() -> Vec<PolicyRule> {
             &["virtualmachineexports/status"],
             &["patch", "update"],
         ),
+        // Children carry a controller ownerRef with blockOwnerDeletion.
+        rule(
+            &[build::GROUP],
+            &["virtualmachineexports/finalizers"],
+            &["update"],
+        ),
         rule(
             &[""],
             &["pods", "services", "secrets", "configmaps"],
@@ -189,24 +195,20 @@ pub fn rbac() -> Vec<PolicyRule> {
             &read,
         ),
         rule(
-            &["subresources.kubevirt.io"],
-            &["virtualmachines/expand-spec"],
-            &["get", "update"],
-        ),
-        rule(
             &["snapshot.kubevirt.io"],
             &["virtualmachinesnapshots", "virtualmachinesnapshotcontents"],
             &read,
         ),
         rule(&["snapshot.storage.k8s.io"], &["volumesnapshots"], &read),
         rule(&["cdi.kubevirt.io"], &["datavolumes"], &read),
-        rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
+        rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
     ]
 }
 
 /// The export CA Secret lives in the manager's namespace (§7.4.1).
 pub fn namespaced_rbac() -> Vec<PolicyRule> {
-    vec![rule(&[""], &["secrets"], &["get", "create"])]
+    // The CA Secret in the manager's namespace is covered by the cluster-wide secrets rule.
+    Vec::new()
 }
 
 fn start(
