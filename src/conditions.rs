@@ -9,7 +9,7 @@
 //! Every setter returns whether it changed anything, so callers skip no-op status writes.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use schemars::JsonSchema;
+use schemars::{JsonSchema, Schema, json_schema};
 use serde::{Deserialize, Serialize};
 
 pub const TRUE: &str = "True";
@@ -283,6 +283,56 @@ pub fn status_changed<S: Serialize>(observed: Option<&S>, desired: &S) -> bool {
         None => true,
         Some(o) => serde_json::to_value(o).ok() != serde_json::to_value(desired).ok(),
     }
+}
+
+/// The `[]metav1.Condition` schema as controller-gen renders it, shared by every CRD with
+/// metav1 conditions. Contracts differ in one sentence of `lastTransitionTime`'s description
+/// (upstream Jumpstarter has a double space where the Miroir seed has one), so it is a parameter.
+pub fn metav1_schema(transition_description: &str) -> Schema {
+    json_schema!({
+        "type": "array",
+        "items": {
+            "description": "Condition contains details for one aspect of the current state of this API Resource.",
+            "type": "object",
+            "required": ["lastTransitionTime", "message", "reason", "status", "type"],
+            "properties": {
+                "lastTransitionTime": {
+                    "description": transition_description,
+                    "type": "string",
+                    "format": "date-time"
+                },
+                "message": {
+                    "description": "message is a human readable message indicating details about the transition.\nThis may be an empty string.",
+                    "type": "string",
+                    "maxLength": 32768
+                },
+                "observedGeneration": {
+                    "description": "observedGeneration represents the .metadata.generation that the condition was set based upon.\nFor instance, if .metadata.generation is currently 12, but the .status.conditions[x].observedGeneration is 9, the condition is out of date\nwith respect to the current state of the instance.",
+                    "type": "integer",
+                    "format": "int64",
+                    "minimum": 0
+                },
+                "reason": {
+                    "description": "reason contains a programmatic identifier indicating the reason for the condition's last transition.\nProducers of specific condition types may define expected values and meanings for this field,\nand whether the values are considered a guaranteed API.\nThe value should be a CamelCase string.\nThis field may not be empty.",
+                    "type": "string",
+                    "maxLength": 1024,
+                    "minLength": 1,
+                    "pattern": "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+                },
+                "status": {
+                    "description": "status of the condition, one of True, False, Unknown.",
+                    "type": "string",
+                    "enum": ["True", "False", "Unknown"]
+                },
+                "type": {
+                    "description": "type of condition in CamelCase or in foo.example.com/CamelCase.",
+                    "type": "string",
+                    "maxLength": 316,
+                    "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+                }
+            }
+        }
+    })
 }
 
 #[cfg(test)]

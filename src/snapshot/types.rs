@@ -136,51 +136,14 @@ pub struct MiroirSnapshotStatus {
 
 /// The seed's condition list, word for word (metav1.Condition as controller-gen emits it).
 fn conditions_schema(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({
-        "description": "Conditions follow the standard Kubernetes condition conventions.",
-        "type": "array",
-        "items": {
-            "description": "Condition contains details for one aspect of the current state of this API Resource.",
-            "type": "object",
-            "required": ["lastTransitionTime", "message", "reason", "status", "type"],
-            "properties": {
-                "lastTransitionTime": {
-                    "description": "lastTransitionTime is the last time the condition transitioned from one status to another.\nThis should be when the underlying condition changed. If that is not known, then using the time when the API field changed is acceptable.",
-                    "type": "string",
-                    "format": "date-time"
-                },
-                "message": {
-                    "description": "message is a human readable message indicating details about the transition.\nThis may be an empty string.",
-                    "type": "string",
-                    "maxLength": 32768
-                },
-                "observedGeneration": {
-                    "description": "observedGeneration represents the .metadata.generation that the condition was set based upon.\nFor instance, if .metadata.generation is currently 12, but the .status.conditions[x].observedGeneration is 9, the condition is out of date\nwith respect to the current state of the instance.",
-                    "type": "integer",
-                    "format": "int64",
-                    "minimum": 0
-                },
-                "reason": {
-                    "description": "reason contains a programmatic identifier indicating the reason for the condition's last transition.\nProducers of specific condition types may define expected values and meanings for this field,\nand whether the values are considered a guaranteed API.\nThe value should be a CamelCase string.\nThis field may not be empty.",
-                    "type": "string",
-                    "maxLength": 1024,
-                    "minLength": 1,
-                    "pattern": "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
-                },
-                "status": {
-                    "description": "status of the condition, one of True, False, Unknown.",
-                    "type": "string",
-                    "enum": ["True", "False", "Unknown"]
-                },
-                "type": {
-                    "description": "type of condition in CamelCase or in foo.example.com/CamelCase.",
-                    "type": "string",
-                    "maxLength": 316,
-                    "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
-                }
-            }
-        }
-    })
+    let mut schema = crate::conditions::metav1_schema(
+        "lastTransitionTime is the last time the condition transitioned from one status to another.\nThis should be when the underlying condition changed. If that is not known, then using the time when the API field changed is acceptable.",
+    );
+    schema.insert(
+        "description".into(),
+        "Conditions follow the standard Kubernetes condition conventions.".into(),
+    );
+    schema
 }
 
 /// Storage backend of a diskful replica.
