@@ -734,6 +734,28 @@ async fn e10_e12_e16_validation_unsupported_and_alpha() {
         assert!(msg.contains("supported sources are"), "{msg}");
     }
 
+    // `dot.x` and `dot-x` map to one Service name: the second export must not borrow it
+    create_export(&c, &ns, "dot.x", pvc_source("a"), None)
+        .await
+        .unwrap();
+    eventually(WAIT, "the Service of dot.x", || async {
+        Api::<Service>::namespaced(c.clone(), &ns)
+            .get_opt("virt-export-dot-x")
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    create_export(&c, &ns, "dot-x", pvc_source("a"), None)
+        .await
+        .unwrap();
+    let (_, _, msg) =
+        ready_reason(&wait_phase(&c, &ns, "dot-x", "Pending", "ObjectCreationFailed").await);
+    assert!(
+        msg.contains("virt-export-dot-x") && msg.contains("dot.x"),
+        "{msg}"
+    );
+
     // v1alpha1 in, v1beta1 out
     let ar = ApiResource {
         group: "export.kubevirt.io".into(),

@@ -609,6 +609,31 @@ pub fn build_service(export: &VirtualMachineExport) -> Service {
     }
 }
 
+/// Why an existing Service of this export's name cannot be used: it is controlled by another
+/// object. Upstream's naming maps `.` to `-`, so the exports `a.b` and `a-b` of one namespace
+/// share the Service name `virt-export-a-b`; the second one must not advertise links that
+/// reach the first one's server.
+pub fn service_conflict(existing: &Service, export: &VirtualMachineExport) -> Option<String> {
+    let uid = export.uid().unwrap_or_default();
+    let owner = existing
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    match owner {
+        Some(o) if o.uid == uid => None,
+        Some(o) => Some(format!(
+            "Service {} already exists and belongs to {} {}; VirtualMachineExport names that differ only in '.' and '-' share a Service name, rename this export",
+            existing.name_any(),
+            o.kind,
+            o.name
+        )),
+        None => Some(format!(
+            "Service {} already exists and is not owned by this VirtualMachineExport; delete it or rename this export",
+            existing.name_any()
+        )),
+    }
+}
+
 /// A token of `len` characters from `[0-9A-Za-z]`, uniformly: the OS CSPRNG with rejection
 /// sampling (bytes >= 248 are dropped so every symbol has the same probability).
 pub fn generate_token(len: usize) -> String {

@@ -837,3 +837,26 @@ fn expand_request_by_name_for_vms_and_by_body_for_snapshots() {
     assert_eq!(body["metadata"]["namespace"], "ns1");
     assert_eq!(body["spec"], copy["spec"], "the spec is sent as captured");
 }
+
+#[test]
+fn a_service_of_another_export_is_a_conflict() {
+    // `a.b` and `a-b` map to the same Service name (upstream's naming).
+    let mut first = export("a.b");
+    first.metadata.uid = Some("uid-first".into());
+    let mut second = export("a-b");
+    second.metadata.uid = Some("uid-second".into());
+    assert_eq!(
+        crate::vmexport::naming::service_name("a.b"),
+        crate::vmexport::naming::service_name("a-b")
+    );
+    let svc = build_service(&first);
+    assert_eq!(service_conflict(&svc, &first), None);
+    let msg = service_conflict(&svc, &second).unwrap();
+    assert!(
+        msg.contains("virt-export-a-b") && msg.contains("a.b"),
+        "{msg}"
+    );
+    let mut orphan = svc.clone();
+    orphan.metadata.owner_references = None;
+    assert!(service_conflict(&orphan, &first).is_some());
+}

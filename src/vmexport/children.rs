@@ -147,7 +147,10 @@ pub(super) async fn ensure_service(
     let svc = build_service(export);
     let name = svc.name_any();
     match api.get_opt(&name).await {
-        Ok(Some(_)) => Ok(()),
+        Ok(Some(existing)) => match service_conflict(&existing, export) {
+            None => Ok(()),
+            Some(msg) => Err(msg),
+        },
         Ok(None) => match ctx.writer.create(api, &svc).await {
             Ok(_) => {
                 ctx.writer
