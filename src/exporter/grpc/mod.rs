@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod controller;
+pub mod heartbeat;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
