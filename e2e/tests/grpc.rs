@@ -68,6 +68,41 @@ except grpc.RpcError as e:
     print("ERROR", e.code().name, e.details())
 "#;
 
+/// One RPC with exactly the given metadata (`key=value` arguments), as a raw stubs caller would
+/// send it. Prints `OK` or `ERROR <CODE> <details>`.
+const PY_CALL: &str = r#"
+import sys, grpc
+from jumpstarter_protocol.jumpstarter.v1 import jumpstarter_pb2 as pb, jumpstarter_pb2_grpc as rpc
+endpoint, ca, method = sys.argv[1:4]
+md = [tuple(a.split("=", 1)) for a in sys.argv[4:]]
+creds = grpc.ssl_channel_credentials(root_certificates=open(ca, 'rb').read())
+ch = grpc.secure_channel(endpoint, creds, options=[("grpc.ssl_target_name_override", "localhost")])
+stub = rpc.ControllerServiceStub(ch)
+try:
+    if method == "Register":
+        stub.Register(pb.RegisterRequest(), metadata=md, timeout=20)
+    else:
+        stub.ListLeases(pb.ListLeasesRequest(), metadata=md, timeout=20)
+    print("OK")
+except grpc.RpcError as e:
+    print("ERROR", e.code().name, e.details())
+"#;
+
+fn py_call(venv: &std::path::Path, args: &[String]) -> String {
+    let out = Command::new(venv.join("bin/python"))
+        .arg("-c")
+        .arg(PY_CALL)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn py(venv: &std::path::Path, args: &[&str]) -> String {
     let out = Command::new(venv.join("bin/python"))
         .arg("-c")
@@ -84,9 +119,18 @@ fn py(venv: &std::path::Path, args: &[&str]) -> String {
 }
 
 /// A27/A29/A33 with the published stubs: Register sets devices and `jumpstarter.dev/*` labels
-/// and returns the uid, ReportStatus makes the Exporter Online/Available; another exporter's
-/// token, a token signed by another key and missing metadata are refused with upstream's codes,
-/// and no token text reaches the manager log.
+/// and returns the uid, ReportStatus makes the Exporter Online/Available, and those gRPC writes
+/// emit the ExporterRegistered/ExporterOnline events themselves (§4.7.2). Refusals, with the
+/// codes upstream's `authentication/bearer.go`, `authorization/metadata.go` and
+/// `oidc/token.go` give: another exporter's token (PermissionDenied), an expired token and a
+/// token signed by another key (Unauthenticated; upstream answers a failed verification with a
+/// plain error, i.e. Unknown, and the issue asks for Unauthenticated), missing `jumpstarter-*`
+/// metadata (InvalidArgument), no `authorization` (Unauthenticated), a non-Bearer one
+/// (InvalidArgument), a Client calling an Exporter RPC (InvalidArgument, "object kind
+/// mismatch"), and a Client identity from another namespace, both claiming the same-named
+/// Client here and its own unwatched namespace (PermissionDenied). The right Client token is
+/// served, so the refusals are about the credentials. No token text reaches the manager log or
+/// an error, and no error names a credential Secret.
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane and the pinned jumpstarter packages"]
 async fn register_report_and_auth_with_protocol_stubs() {
@@ -234,8 +278,182 @@ async fn register_report_and_auth_with_protocol_stubs() {
     // Missing metadata: InvalidArgument.
     let out = run("e1", &tokens["e1"], "nometa").await;
     assert!(out.contains("ERROR INVALID_ARGUMENT"), "{out}");
+
+    // §4.7.2: the gRPC writes persisted Registered and Online, so they emitted the events.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(env.client.clone(), &env.ns);
+    eventually(TIMEOUT, "events from the gRPC writes", || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.unwrap().items;
+            let has = |reason: &str, action: &str| {
+                list.iter().any(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("e1")
+                        && e.reason.as_deref() == Some(reason)
+                        && e.action.as_deref() == Some(action)
+                })
+            };
+            has("ExporterRegistered", "Register") && has("ExporterOnline", "ReportStatus")
+        }
+    })
+    .await;
+
+    // More refusals, through raw calls with exactly the metadata given.
+    let key = SigningKey::from_seed(SEED).unwrap();
+    let e1_sub = token::verify(&key, &tokens["e1"], jiff::Timestamp::now())
+        .unwrap()
+        .sub;
+    let (expired, _) = token::mint(
+        &key,
+        &e1_sub,
+        jiff::Timestamp::now() - jiff::SignedDuration::from_hours(2),
+        jiff::SignedDuration::from_hours(1),
+    );
+    let clients: Api<ucm::exporter::types::Client> = Api::namespaced(env.client.clone(), &env.ns);
+    let client_json = serde_json::json!({
+        "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
+        "metadata": {"name": "c1"}, "spec": {}
+    });
+    clients
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(client_json.clone()).unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually(TIMEOUT, "the client credential", || {
+        let secrets = secrets.clone();
+        async move { secrets.get_opt("c1-client").await.ok().flatten().is_some() }
+    })
+    .await;
+    let c1_token = String::from_utf8(
+        secrets.get("c1-client").await.unwrap().data.unwrap()["token"]
+            .0
+            .clone(),
+    )
+    .unwrap();
+    // A Client `c1` in another namespace, which this manager does not serve, with a token for it
+    // signed by the same key (what a manager serving that namespace would mint).
+    let other_ns = create_namespace(&env.client, "grpc-other").await;
+    let other_c1 = Api::<ucm::exporter::types::Client>::namespaced(env.client.clone(), &other_ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(client_json).unwrap(),
+        )
+        .await
+        .unwrap();
+    let (other_token, _) = token::mint(
+        &key,
+        &token::subject("client", &other_ns, "c1", &other_c1.uid().unwrap(), None),
+        jiff::Timestamp::now(),
+        jiff::SignedDuration::from_hours(1),
+    );
+    let md = |ns: &str, kind: &str, name: &str| {
+        vec![
+            format!("jumpstarter-namespace={ns}"),
+            format!("jumpstarter-kind={kind}"),
+            format!("jumpstarter-name={name}"),
+        ]
+    };
+    let bearer = |t: &str| format!("authorization=Bearer {t}");
+    let ns = env.ns.clone();
+    let cases: Vec<(&str, &str, Vec<String>, &str)> = vec![
+        (
+            "expired token",
+            "Register",
+            [vec![bearer(&expired)], md(&ns, "Exporter", "e1")].concat(),
+            "ERROR UNAUTHENTICATED",
+        ),
+        (
+            "no authorization",
+            "Register",
+            md(&ns, "Exporter", "e1"),
+            "ERROR UNAUTHENTICATED",
+        ),
+        (
+            "not a Bearer authorization",
+            "Register",
+            [
+                vec![format!("authorization=Token {}", tokens["e1"])],
+                md(&ns, "Exporter", "e1"),
+            ]
+            .concat(),
+            "ERROR INVALID_ARGUMENT",
+        ),
+        (
+            "missing jumpstarter-name",
+            "Register",
+            [
+                vec![bearer(&tokens["e1"])],
+                md(&ns, "Exporter", "e1")[..2].to_vec(),
+            ]
+            .concat(),
+            "ERROR INVALID_ARGUMENT",
+        ),
+        (
+            "a Client calling an Exporter RPC",
+            "Register",
+            [vec![bearer(&c1_token)], md(&ns, "Client", "c1")].concat(),
+            "ERROR INVALID_ARGUMENT",
+        ),
+        (
+            "another namespace's client claiming the same-named client here",
+            "ListLeases",
+            [vec![bearer(&other_token)], md(&ns, "Client", "c1")].concat(),
+            "ERROR PERMISSION_DENIED",
+        ),
+        (
+            "another namespace's client in its own namespace",
+            "ListLeases",
+            [vec![bearer(&other_token)], md(&other_ns, "Client", "c1")].concat(),
+            "ERROR PERMISSION_DENIED",
+        ),
+        (
+            "the right client",
+            "ListLeases",
+            [vec![bearer(&c1_token)], md(&ns, "Client", "c1")].concat(),
+            "OK",
+        ),
+    ];
+    for (what, method, metadata, want) in cases {
+        let args: Vec<String> = [endpoint.clone(), ca_s.clone(), method.to_string()]
+            .into_iter()
+            .chain(metadata)
+            .collect();
+        let venv = venv.clone();
+        let out = tokio::task::spawn_blocking(move || py_call(&venv, &args))
+            .await
+            .unwrap();
+        assert!(out.starts_with(want), "{what}: {out}");
+        for secret in [
+            &tokens["e1"],
+            &tokens["e2"],
+            &c1_token,
+            &other_token,
+            &expired,
+        ] {
+            assert!(
+                !out.contains(secret.as_str()),
+                "{what}: a token in the error"
+            );
+        }
+        for secret_name in ["e1-exporter", "e2-exporter", "c1-client"] {
+            assert!(!out.contains(secret_name), "{what}: a Secret name in {out}");
+        }
+    }
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
+        .delete(&other_ns, &Default::default())
+        .await;
+
     let logs = mgr.logs();
-    for t in tokens.values().chain([&foreign]) {
+    assert!(
+        logs.contains("gRPC call refused"),
+        "the refusals are logged (without credentials)"
+    );
+    for t in tokens
+        .values()
+        .chain([&foreign, &expired, &c1_token, &other_token])
+    {
         assert!(
             !logs.contains(t.as_str()),
             "a token appears in the manager log"

@@ -357,9 +357,12 @@ impl Controller {
                         awaiting = None;
                         continue;
                     }
-                    if Timestamp::now() < due {
+                    // Claimed against the shared clock, so another stream of this exporter or a
+                    // report that landed meanwhile makes this beat unnecessary.
+                    let now = Timestamp::now();
+                    let Some(previous) = self.liveness.try_claim(&ns, &name, stored, beat, now) else {
                         continue;
-                    }
+                    };
                     match self.heartbeat(&ns, &name, &latest).await {
                         Ok(e) => {
                             let written = e.status.as_ref().and_then(|s| s.last_seen.as_ref()).map(|t| t.0);
@@ -371,6 +374,7 @@ impl Controller {
                         }
                         Err(e) if e.code() == tonic::Code::NotFound => return,
                         Err(_) => {
+                            self.liveness.unclaim(&ns, &name, now, previous);
                             debug!(exporter = %name, "heartbeat write failed; retrying shortly");
                             retry_at = tokio::time::Instant::now() + (w.unsigned_abs() / 4).max(Duration::from_secs(1));
                         }

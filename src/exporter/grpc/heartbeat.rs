@@ -119,6 +119,35 @@ impl Liveness {
         }
     }
 
+    /// Claims the heartbeat that is due at `now` for this exporter, so that of several streams
+    /// of one exporter only one writes. Returns the previous clock (for [`Liveness::unclaim`])
+    /// or None when nothing is due yet.
+    pub fn try_claim(
+        &self,
+        ns: &str,
+        name: &str,
+        stored: Option<Timestamp>,
+        spacing: SignedDuration,
+        now: Timestamp,
+    ) -> Option<Option<Timestamp>> {
+        let mut m = self.entries.lock().expect("liveness");
+        let e = m.entry((ns.to_string(), name.to_string())).or_default();
+        if now < next_due(stored, e.1, spacing) {
+            return None;
+        }
+        Some(e.1.replace(now))
+    }
+
+    /// Gives a claim back after the write failed, unless a newer write moved the clock.
+    pub fn unclaim(&self, ns: &str, name: &str, claimed: Timestamp, previous: Option<Timestamp>) {
+        let mut m = self.entries.lock().expect("liveness");
+        if let Some(e) = m.get_mut(&(ns.to_string(), name.to_string()))
+            && e.1 == Some(claimed)
+        {
+            e.1 = previous;
+        }
+    }
+
     /// Records a persisted `lastSeen` write made at `at` (any source).
     pub fn wrote(&self, ns: &str, name: &str, at: Timestamp) {
         let mut m = self.entries.lock().expect("liveness");
@@ -299,5 +328,30 @@ mod tests {
         l.close("ns", "e");
         assert_eq!(l.streams("ns", "e"), 0);
         assert_eq!(l.last_write("ns", "e"), None);
+    }
+
+    #[test]
+    fn one_claim_per_due_beat_across_streams() {
+        let l = Liveness::default();
+        l.open("ns", "e");
+        l.open("ns", "e");
+        let n = NOW as f64;
+        let stored = Some(ts(n - 30.0));
+        // Both streams wake at the same instant: only the first claims.
+        let first = l.try_claim("ns", "e", stored, W, ts(n));
+        assert_eq!(first, Some(None));
+        assert_eq!(l.try_claim("ns", "e", stored, W, ts(n)), None);
+        assert_eq!(l.try_claim("ns", "e", stored, W, ts(n + 19.9)), None);
+        // The write failed: the claim is given back and the next try may write.
+        l.unclaim("ns", "e", ts(n), None);
+        assert_eq!(l.try_claim("ns", "e", stored, W, ts(n + 0.5)), Some(None));
+        // A newer write (ReportStatus) is not undone by a stale unclaim.
+        l.wrote("ns", "e", ts(n + 1.0));
+        l.unclaim("ns", "e", ts(n + 0.5), None);
+        assert_eq!(l.last_write("ns", "e"), Some(ts(n + 1.0)));
+        assert_eq!(
+            l.try_claim("ns", "e", stored, W, ts(n + 21.0)),
+            Some(Some(ts(n + 1.0)))
+        );
     }
 }
