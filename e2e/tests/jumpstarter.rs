@@ -1,6 +1,7 @@
 //! Real peers (exporter.md §11 A42/A43): `ucm manager` (exporter feature), `ucm router`, the
 //! `jumpstarter` 0.9.0 exporter (`jmp run` with a MockPower driver) and the `jmp` 0.9.0 client,
-//! all as local processes against the local control plane. The pinned packages come from PyPI
+//! all as local processes against the local control plane; `jmp admin` creates the Exporter and
+//! the Client and writes their configs from what ucm minted. The pinned packages come from PyPI
 //! through `hack/jumpstarter-venv.sh` (cached in ~/.cache/ucm); a missing prerequisite fails.
 //!
 //! The exporter trusts ucm's certificate with `tls.insecure` (it pins what the server presents);
@@ -16,7 +17,6 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube::api::PostParams;
 use ucm::exporter::types::{Exporter, ExporterStatusValue, Lease};
 
 use common::*;
@@ -143,6 +143,50 @@ impl Drop for ExporterProc {
     }
 }
 
+/// A jumpstarter command with a private HOME (no user config leaks in) and no JMP_* variables.
+fn py_cmd(venv: &Path, dir: &Path, bin: &str) -> Command {
+    let home = dir.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let mut cmd = Command::new(venv.join("bin").join(bin));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("JMP_") || k.starts_with("JUMPSTARTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("HOME", &home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("NONINTERACTIVE", "true")
+        .env(
+            "PATH",
+            format!("{}:/usr/bin:/bin", venv.join("bin").display()),
+        );
+    cmd
+}
+
+/// Runs a command to completion off the async runtime; panics with its output on failure.
+async fn run_ok(mut cmd: Command, what: &str) -> String {
+    let what = what.to_string();
+    tokio::task::spawn_blocking(move || {
+        let out = cmd.stdin(Stdio::null()).output().expect(&what);
+        assert!(
+            out.status.success(),
+            "{what} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+    .await
+    .unwrap()
+}
+
+fn edit_yaml(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(path, serde_yaml::to_string(&v).unwrap()).unwrap();
+}
+
 const EXPORTER: &str = "bench-1";
 const CLIENT: &str = "dev";
 const BOARD: &str = "mock-board";
@@ -217,32 +261,32 @@ impl Lab {
                     format!("--exporter-offline-threshold={offline_threshold}"),
                 ]),
         );
-        let exporters: Api<Exporter> = Api::namespaced(env.client.clone(), &env.ns);
-        exporters
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(serde_json::json!({
-                    "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
-                    "metadata": {"name": EXPORTER, "labels": {"board": BOARD}},
-                    "spec": {}
-                }))
-                .unwrap(),
-            )
-            .await
-            .unwrap();
-        let clients: Api<ucm::exporter::types::Client> =
-            Api::namespaced(env.client.clone(), &env.ns);
-        clients
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(serde_json::json!({
-                    "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
-                    "metadata": {"name": CLIENT}, "spec": {}
-                }))
-                .unwrap(),
-            )
-            .await
-            .unwrap();
+        // Exporter and Client as an admin makes them: `jmp admin` creates the objects, waits for
+        // ucm's credential and endpoint, and writes the peers' configs (tokens included).
+        let exporter_cfg = dir.path().join("exporter.yaml");
+        let client_cfg = dir.path().join("client.yaml");
+        let admin = |args: &[&str], out: &Path| {
+            let mut cmd = py_cmd(&venv, dir.path(), "jmp");
+            cmd.args(["admin", "create"])
+                .args(args)
+                .args(["-n", &env.ns, "--save", "--nointeractive", "--insecure-tls"])
+                .arg("--kubeconfig")
+                .arg(&env.kubeconfig)
+                .arg("--out")
+                .arg(out);
+            cmd
+        };
+        let label = format!("board={BOARD}");
+        tokio::join!(
+            run_ok(
+                admin(&["exporter", EXPORTER, "-l", &label], &exporter_cfg),
+                "jmp admin create exporter"
+            ),
+            run_ok(
+                admin(&["client", CLIENT, "--unsafe"], &client_cfg),
+                "jmp admin create client"
+            ),
+        );
         let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
         let exporter_token = String::from_utf8(
             secret_data(&secrets, &format!("{EXPORTER}-exporter"), "token").await,
@@ -285,36 +329,22 @@ impl Lab {
             log: router_log,
         };
 
-        let exporter_cfg = dir.path().join("exporter.yaml");
-        std::fs::write(
-            &exporter_cfg,
-            serde_yaml::to_string(&serde_json::json!({
-                "apiVersion": "jumpstarter.dev/v1alpha1",
-                "kind": "ExporterConfig",
-                "metadata": {"namespace": env.ns, "name": EXPORTER},
-                "endpoint": grpc_endpoint,
-                "token": exporter_token,
-                "tls": {"insecure": true},
-                "export": {"power": {"type": "jumpstarter_driver_power.driver.MockPower"}},
-            }))
-            .unwrap(),
-        )
-        .unwrap();
-        let client_cfg = dir.path().join("client.yaml");
-        std::fs::write(
-            &client_cfg,
-            serde_yaml::to_string(&serde_json::json!({
-                "apiVersion": "jumpstarter.dev/v1alpha1",
-                "kind": "ClientConfig",
-                "metadata": {"namespace": env.ns, "name": CLIENT},
-                "endpoint": grpc_endpoint,
-                "token": client_token,
-                "tls": {"ca": base64::engine::general_purpose::STANDARD.encode(&cert)},
-                "drivers": {"allow": [], "unsafe": true},
-            }))
-            .unwrap(),
-        )
-        .unwrap();
+        // The exporter keeps `tls.insecure` from `jmp admin -k`; the client trusts the CA.
+        edit_yaml(&exporter_cfg, |v| {
+            assert_eq!(v["endpoint"], grpc_endpoint.as_str(), "status.endpoint");
+            assert_eq!(v["token"], exporter_token.as_str(), "the minted token");
+            v["export"] = serde_json::json!({
+                "power": {"type": "jumpstarter_driver_power.driver.MockPower"}
+            });
+        });
+        edit_yaml(&client_cfg, |v| {
+            assert_eq!(v["endpoint"], grpc_endpoint.as_str(), "status.endpoint");
+            assert_eq!(v["token"], client_token.as_str(), "the minted token");
+            v["tls"] = serde_json::json!({
+                "ca": base64::engine::general_purpose::STANDARD.encode(&cert),
+                "insecure": false,
+            });
+        });
         Lab {
             venv,
             env,
@@ -330,24 +360,8 @@ impl Lab {
         }
     }
 
-    /// A jumpstarter command with a private HOME (no user config leaks in) and no JMP_* variables.
     fn py_cmd(&self, bin: &str) -> Command {
-        let home = self.dir.path().join("home");
-        std::fs::create_dir_all(&home).unwrap();
-        let mut cmd = Command::new(self.venv.join("bin").join(bin));
-        for (k, _) in std::env::vars() {
-            if k.starts_with("JMP_") || k.starts_with("JUMPSTARTER_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.env("HOME", &home)
-            .env("XDG_CONFIG_HOME", home.join(".config"))
-            .env("NONINTERACTIVE", "true")
-            .env(
-                "PATH",
-                format!("{}:/usr/bin:/bin", self.venv.join("bin").display()),
-            );
-        cmd
+        py_cmd(&self.venv, self.dir.path(), bin)
     }
 
     fn start_exporter(&self, n: usize) -> ExporterProc {
@@ -637,14 +651,15 @@ async fn killed_exporter_goes_offline_at_the_threshold_and_returns() {
         "Offline must come from the threshold (the exporter never said goodbye)"
     );
     let last_seen = st.last_seen.expect("lastSeen").0;
+    // lastSeen is stored at whole seconds; a beat racing the kill may still land in that second.
     assert!(
-        last_seen <= killed_at,
-        "lastSeen {last_seen} written after the kill at {killed_at}"
+        last_seen <= killed_at + jiff::SignedDuration::from_secs(1),
+        "lastSeen {last_seen} written well after the kill at {killed_at}: heartbeats went on"
     );
     // Due at lastSeen + T; ucm marks it about 1 s later. Generous slack: this is about
     // correctness (threshold-driven, no polling period), not timing precision.
     let due =
-        Duration::from_secs((last_seen + T).duration_since(killed_at).as_secs().max(0) as u64);
+        Duration::from_millis((last_seen + T).duration_since(killed_at).as_millis().max(0) as u64);
     let took = seen - killed;
     eprintln!("SIGKILL: Offline after {took:?}, due {due:?} after the kill (threshold {T:?})");
     assert!(
