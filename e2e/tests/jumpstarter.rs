@@ -21,20 +21,6 @@ use ucm::exporter::types::{Exporter, ExporterStatusValue, Lease};
 
 use common::*;
 
-/// The pinned Jumpstarter virtualenv, created on first use. Panics with the script's output.
-fn jumpstarter_venv() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(repo_root().join("hack/jumpstarter-venv.sh"))
-        .output()
-        .expect("run hack/jumpstarter-venv.sh");
-    assert!(
-        out.status.success(),
-        "hack/jumpstarter-venv.sh failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
 fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let start = Instant::now();
     loop {

@@ -753,3 +753,18 @@ pub fn shipped_identity(admin: &Path, ns: &str, features: &[&str], dir: &Path) -
     std::fs::write(&path, serde_yaml::to_string(&kc).unwrap()).unwrap();
     path
 }
+
+/// The pinned Jumpstarter 0.9.0 virtualenv (`hack/jumpstarter-venv.sh`, created on first use and
+/// cached in ~/.cache/ucm). Panics with the script's output when it cannot be made.
+pub fn jumpstarter_venv() -> PathBuf {
+    let out = Command::new("bash")
+        .arg(repo_root().join("hack/jumpstarter-venv.sh"))
+        .output()
+        .expect("run hack/jumpstarter-venv.sh");
+    assert!(
+        out.status.success(),
+        "hack/jumpstarter-venv.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
