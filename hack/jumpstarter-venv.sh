@@ -6,8 +6,8 @@
 #
 # UCM_JUMPSTARTER_VENV overrides the location. The directory name carries a hash of the pins, so
 # checkouts with different pins never rebuild each other's venv; a lock serialises concurrent
-# callers (parallel tests) and the venv is moved into place only when complete. Any failure exits
-# non-zero with pip's message: callers fail loudly.
+# callers (parallel tests), and a venv counts as built only once its stamp is written. Any failure
+# exits non-zero with pip's message: callers fail loudly.
 set -euo pipefail
 python=${PYTHON:-python3}
 pins=(

@@ -5,24 +5,9 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use common::*;
-
-/// The pinned Jumpstarter virtualenv, created on first use. Panics with the script's output.
-pub fn jumpstarter_venv() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(repo_root().join("hack/jumpstarter-venv.sh"))
-        .output()
-        .expect("run hack/jumpstarter-venv.sh");
-    assert!(
-        out.status.success(),
-        "hack/jumpstarter-venv.sh failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
 
 /// A35: the committed descriptor set equals a fresh extraction from jumpstarter-protocol 0.9.0
 /// (reflection serving those bytes verbatim is a unit test in `exporter::proto`).
@@ -126,8 +111,9 @@ fn py(venv: &std::path::Path, args: &[&str]) -> String {
 /// token signed by another key (Unauthenticated; upstream answers a failed verification with a
 /// plain error, i.e. Unknown, and the issue asks for Unauthenticated), missing `jumpstarter-*`
 /// metadata (InvalidArgument), no `authorization` (Unauthenticated), a non-Bearer one
-/// (InvalidArgument), a Client calling an Exporter RPC (InvalidArgument, "object kind
-/// mismatch"), and a Client identity from another namespace, both claiming the same-named
+/// (InvalidArgument), a Client calling an Exporter RPC (PermissionDenied, as ucm's ClientService
+/// refuses an exporter credential; upstream says InvalidArgument "object kind mismatch"), and a
+/// Client identity from another namespace, both claiming the same-named
 /// Client here and its own unwatched namespace (PermissionDenied). The right Client token is
 /// served, so the refusals are about the credentials. No token text reaches the manager log or
 /// an error, and no error names a credential Secret.
@@ -394,7 +380,7 @@ async fn register_report_and_auth_with_protocol_stubs() {
             "a Client calling an Exporter RPC",
             "Register",
             [vec![bearer(&c1_token)], md(&ns, "Client", "c1")].concat(),
-            "ERROR INVALID_ARGUMENT",
+            "ERROR PERMISSION_DENIED",
         ),
         (
             "another namespace's client claiming the same-named client here",

@@ -29,21 +29,7 @@ use ucm::exporter::types::{
 
 use common::*;
 
-// ---- copied from e2e/tests/jumpstarter.rs (feat/protocol): small process helpers ----
-
-/// The pinned Jumpstarter virtualenv, created on first use. Panics with the script's output.
-fn jumpstarter_venv() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(repo_root().join("hack/jumpstarter-venv.sh"))
-        .output()
-        .expect("run hack/jumpstarter-venv.sh");
-    assert!(
-        out.status.success(),
-        "hack/jumpstarter-venv.sh failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
+// ---- copied from e2e/tests/jumpstarter.rs: small process helpers ----
 
 fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let start = Instant::now();

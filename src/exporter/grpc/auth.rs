@@ -119,10 +119,11 @@ pub async fn authorize<T>(
     allowed: &[Kind],
 ) -> Result<Caller, Status> {
     let (caller, username) = identify(key, req, watched, Timestamp::now())?;
-    // Upstream answers a kind the RPC does not serve with InvalidArgument ("object kind
-    // mismatch", oidc/token.go), before looking at the object.
     if !allowed.contains(&caller.kind) {
-        return Err(Status::invalid_argument("object kind mismatch"));
+        return Err(Status::permission_denied(format!(
+            "this call is not available to a {:?}",
+            caller.kind
+        )));
     }
     let denied = || {
         Status::permission_denied(format!(
