@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::process::Command;
 
 use common::*;
@@ -103,6 +104,124 @@ fn py(venv: &std::path::Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// A manager (exporter feature, seeded key) with its gRPC port, Exporters created with the
+/// given labels, their minted tokens, and the stored certificate written to a CA file.
+struct Lab {
+    // Fields drop in order: the manager stops before the namespace goes.
+    mgr: Manager,
+    venv: PathBuf,
+    env: TestEnv,
+    endpoint: String,
+    ca: String,
+    tokens: std::collections::BTreeMap<String, String>,
+    _dir: tempfile::TempDir,
+}
+
+impl Lab {
+    async fn start(
+        test: &str,
+        extra: &[&str],
+        exporters: &[&str],
+        labels: serde_json::Value,
+    ) -> Lab {
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::Api;
+        use kube::api::PostParams;
+        use ucm::exporter::types::Exporter;
+
+        let venv = tokio::task::spawn_blocking(jumpstarter_venv).await.unwrap();
+        let env = TestEnv::new(test).await;
+        let port = free_port();
+        let endpoint = format!("localhost:{port}");
+        let mgr = Manager::start(
+            ManagerOpts {
+                env: vec![("CONTROLLER_KEY".into(), SEED.into())],
+                ..ManagerOpts::new(&env.kubeconfig, &env.ns)
+            }
+            .only("exporter")
+            .args([
+                format!("--exporter-grpc-bind-address=127.0.0.1:{port}"),
+                format!("--exporter-grpc-endpoint={endpoint}"),
+            ])
+            .args(extra.iter().map(|a| a.to_string())),
+        );
+        let api: Api<Exporter> = Api::namespaced(env.client.clone(), &env.ns);
+        let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
+        for name in exporters {
+            api.create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({
+                    "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
+                    "metadata": {"name": name, "labels": labels},
+                    "spec": {}
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        }
+        let data = |name: String, key: &'static str| {
+            let secrets = secrets.clone();
+            async move {
+                eventually(TIMEOUT, &format!("Secret {name}"), || async {
+                    secrets.get_opt(&name).await.ok().flatten().is_some()
+                })
+                .await;
+                secrets.get(&name).await.unwrap().data.unwrap()[key]
+                    .0
+                    .clone()
+            }
+        };
+        let mut tokens = std::collections::BTreeMap::new();
+        for name in exporters {
+            let t = data(format!("{name}-exporter"), "token").await;
+            tokens.insert(name.to_string(), String::from_utf8(t).unwrap());
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.crt");
+        std::fs::write(&ca, data("ucm-exporter-grpc-tls".into(), "tls.crt").await).unwrap();
+        Lab {
+            venv,
+            env,
+            mgr,
+            endpoint,
+            ca: ca.to_str().unwrap().to_string(),
+            tokens,
+            _dir: dir,
+        }
+    }
+
+    /// [`PY_EXPORTER`] as `name` with `token`: Register, then ReportStatus AVAILABLE.
+    async fn register_and_report(&self, name: &str, token: &str, mode: &str) -> String {
+        let (venv, endpoint, ca, ns) = (
+            self.venv.clone(),
+            self.endpoint.clone(),
+            self.ca.clone(),
+            self.env.ns.clone(),
+        );
+        let (name, token, mode) = (name.to_string(), token.to_string(), mode.to_string());
+        tokio::task::spawn_blocking(move || py(&venv, &[&endpoint, &ca, &ns, &name, &token, &mode]))
+            .await
+            .unwrap()
+    }
+
+    /// The first call: the listener appears once the leader has the certificate, so retry
+    /// while it answers UNAVAILABLE.
+    async fn first_register(&self, name: &str) -> String {
+        let mut out = String::new();
+        for _ in 0..30 {
+            out = self
+                .register_and_report(name, &self.tokens[name], "ok")
+                .await;
+            if !out.contains("UNAVAILABLE") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        out
+    }
+}
+
 /// A27/A29/A33 with the published stubs: Register sets devices and `jumpstarter.dev/*` labels
 /// and returns the uid, ReportStatus makes the Exporter Online/Available, and those gRPC writes
 /// emit the ExporterRegistered/ExporterOnline events themselves (§4.7.2). Refusals, with the
@@ -126,96 +245,18 @@ async fn register_report_and_auth_with_protocol_stubs() {
     use ucm::exporter::token::{self, SigningKey};
     use ucm::exporter::types::Exporter;
 
-    let venv = tokio::task::spawn_blocking(jumpstarter_venv).await.unwrap();
-    let env = TestEnv::new("grpc").await;
-    let port = free_port();
-    let endpoint = format!("localhost:{port}");
-    let mgr = Manager::start(
-        ManagerOpts {
-            env: vec![("CONTROLLER_KEY".into(), SEED.into())],
-            ..ManagerOpts::new(&env.kubeconfig, &env.ns)
-        }
-        .only("exporter")
-        .args([
-            format!("--exporter-grpc-bind-address=127.0.0.1:{port}"),
-            format!("--exporter-grpc-endpoint={endpoint}"),
-        ]),
-    );
+    let lab = Lab::start(
+        "grpc",
+        &[],
+        &["e1", "e2"],
+        serde_json::json!({"jumpstarter.dev/old": "gone", "team": "a"}),
+    )
+    .await;
+    let (env, mgr, tokens) = (&lab.env, &lab.mgr, &lab.tokens);
+    let (venv, endpoint, ca_s) = (&lab.venv, &lab.endpoint, &lab.ca);
     let exporters: Api<Exporter> = Api::namespaced(env.client.clone(), &env.ns);
     let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
-    for name in ["e1", "e2"] {
-        exporters
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(serde_json::json!({
-                    "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
-                    "metadata": {"name": name, "labels": {"jumpstarter.dev/old": "gone", "team": "a"}},
-                    "spec": {}
-                }))
-                .unwrap(),
-            )
-            .await
-            .unwrap();
-    }
-    let mut tokens = std::collections::BTreeMap::new();
-    for name in ["e1", "e2"] {
-        let sname = format!("{name}-exporter");
-        eventually(TIMEOUT, "the exporter credential", || {
-            let (secrets, sname) = (secrets.clone(), sname.clone());
-            async move { secrets.get_opt(&sname).await.ok().flatten().is_some() }
-        })
-        .await;
-        let s = secrets.get(&sname).await.unwrap();
-        tokens.insert(
-            name,
-            String::from_utf8(s.data.unwrap()["token"].0.clone()).unwrap(),
-        );
-    }
-    eventually(TIMEOUT, "the stored gRPC certificate", || {
-        let secrets = secrets.clone();
-        async move {
-            secrets
-                .get_opt("ucm-exporter-grpc-tls")
-                .await
-                .ok()
-                .flatten()
-                .is_some()
-        }
-    })
-    .await;
-    let ca = secrets
-        .get("ucm-exporter-grpc-tls")
-        .await
-        .unwrap()
-        .data
-        .unwrap()["tls.crt"]
-        .0
-        .clone();
-    let dir = tempfile::tempdir().unwrap();
-    let ca_path = dir.path().join("ca.crt");
-    std::fs::write(&ca_path, ca).unwrap();
-    let ca_s = ca_path.to_str().unwrap().to_string();
-    let run = |name: &str, token: &str, mode: &str| {
-        let (venv, endpoint, ca, ns) =
-            (venv.clone(), endpoint.clone(), ca_s.clone(), env.ns.clone());
-        let (name, token, mode) = (name.to_string(), token.to_string(), mode.to_string());
-        async move {
-            tokio::task::spawn_blocking(move || {
-                py(&venv, &[&endpoint, &ca, &ns, &name, &token, &mode])
-            })
-            .await
-            .unwrap()
-        }
-    };
-    // The listener appears once the leader has the certificate; retry until it answers.
-    let mut out = String::new();
-    for _ in 0..30 {
-        out = run("e1", &tokens["e1"], "ok").await;
-        if !out.contains("UNAVAILABLE") {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
+    let out = lab.first_register("e1").await;
     let e1 = exporters.get("e1").await.unwrap();
     assert!(
         out.contains(&format!("REGISTER {}", e1.uid().unwrap())),
@@ -244,7 +285,7 @@ async fn register_report_and_auth_with_protocol_stubs() {
     }
 
     // Another exporter's token for e1: PermissionDenied.
-    let out = run("e1", &tokens["e2"], "ok").await;
+    let out = lab.register_and_report("e1", &tokens["e2"], "ok").await;
     assert!(out.contains("ERROR PERMISSION_DENIED"), "{out}");
     // A token signed by another key: Unauthenticated.
     let (foreign, _) = token::mint(
@@ -259,10 +300,10 @@ async fn register_report_and_auth_with_protocol_stubs() {
         jiff::Timestamp::now(),
         jiff::SignedDuration::from_hours(1),
     );
-    let out = run("e1", &foreign, "ok").await;
+    let out = lab.register_and_report("e1", &foreign, "ok").await;
     assert!(out.contains("ERROR UNAUTHENTICATED"), "{out}");
     // Missing metadata: InvalidArgument.
-    let out = run("e1", &tokens["e1"], "nometa").await;
+    let out = lab.register_and_report("e1", &tokens["e1"], "nometa").await;
     assert!(out.contains("ERROR INVALID_ARGUMENT"), "{out}");
 
     // §4.7.2: the gRPC writes persisted Registered and Online, so they emitted the events.
@@ -491,92 +532,28 @@ fn counter(metrics: &str, series: &str) -> u64 {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane and the pinned jumpstarter packages"]
 async fn heartbeats_persist_last_seen_once_per_interval() {
-    use k8s_openapi::api::core::v1::Secret;
     use kube::Api;
-    use kube::api::PostParams;
     use std::io::BufRead;
     use std::time::Duration;
     use ucm::exporter::types::Exporter;
 
-    let venv = tokio::task::spawn_blocking(jumpstarter_venv).await.unwrap();
-    let env = TestEnv::new("grpc-beat").await;
-    let port = free_port();
-    let endpoint = format!("localhost:{port}");
-    let mgr = Manager::start(
-        ManagerOpts {
-            env: vec![("CONTROLLER_KEY".into(), SEED.into())],
-            ..ManagerOpts::new(&env.kubeconfig, &env.ns)
-        }
-        .only("exporter")
-        .args([
-            format!("--exporter-grpc-bind-address=127.0.0.1:{port}"),
-            format!("--exporter-grpc-endpoint={endpoint}"),
-            "--exporter-offline-threshold=6s".into(),
-        ]),
-    );
+    let lab = Lab::start(
+        "grpc-beat",
+        &["--exporter-offline-threshold=6s"],
+        &["e1"],
+        serde_json::json!({}),
+    )
+    .await;
+    let (env, mgr) = (&lab.env, &lab.mgr);
+    let (venv, endpoint, ca_s, token) = (&lab.venv, &lab.endpoint, &lab.ca, &lab.tokens["e1"]);
     let exporters: Api<Exporter> = Api::namespaced(env.client.clone(), &env.ns);
-    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
-    exporters
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({
-                "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
-                "metadata": {"name": "e1"}, "spec": {}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    for s in ["e1-exporter", "ucm-exporter-grpc-tls"] {
-        eventually(TIMEOUT, s, || {
-            let secrets = secrets.clone();
-            async move { secrets.get_opt(s).await.ok().flatten().is_some() }
-        })
-        .await;
-    }
-    let token = String::from_utf8(
-        secrets.get("e1-exporter").await.unwrap().data.unwrap()["token"]
-            .0
-            .clone(),
-    )
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca.crt");
-    std::fs::write(
-        &ca,
-        &secrets
-            .get("ucm-exporter-grpc-tls")
-            .await
-            .unwrap()
-            .data
-            .unwrap()["tls.crt"]
-            .0,
-    )
-    .unwrap();
-    let ca_s = ca.to_str().unwrap().to_string();
-    let mut out = String::new();
-    for _ in 0..30 {
-        let (v, e, c, n, t) = (
-            venv.clone(),
-            endpoint.clone(),
-            ca_s.clone(),
-            env.ns.clone(),
-            token.clone(),
-        );
-        out = tokio::task::spawn_blocking(move || py(&v, &[&e, &c, &n, "e1", &t, "ok"]))
-            .await
-            .unwrap();
-        if !out.contains("UNAVAILABLE") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    let out = lab.first_register("e1").await;
     assert!(out.contains("REPORTED"), "{out}");
 
     let mut hold = Command::new(venv.join("bin/python"))
         .arg("-c")
         .arg(PY_HOLD)
-        .args([&endpoint, &ca_s, &env.ns, "e1", &token, "2", "40"])
+        .args([endpoint, ca_s, &env.ns, "e1", token, "2", "40"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -643,5 +620,4 @@ async fn heartbeats_persist_last_seen_once_per_interval() {
         0,
         "a heartbeat left the reconciler something to write"
     );
-    drop(mgr);
 }

@@ -19,8 +19,8 @@ const MESSAGE_LIMIT: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
-    BeforeLease,
-    AfterLease,
+    BeforeLease = 0,
+    AfterLease = 1,
 }
 
 impl Hook {
@@ -64,67 +64,71 @@ pub fn parse_metadata<'a>(
     phases: impl IntoIterator<Item = &'a str>,
     on_failure: impl IntoIterator<Item = &'a str>,
 ) -> (HookMetadata, Vec<String>) {
-    let mut md = HookMetadata::default();
     let mut errors = Vec::new();
-    let split = |v: &'a str| v.split(',').map(str::trim).filter(|s| !s.is_empty());
-    let mut conflicts: Vec<(Hook, &str)> = Vec::new();
-    for entry in phases.into_iter().flat_map(split) {
-        let parsed = entry.split_once('=').and_then(|(h, p)| {
-            let phase = match p.trim() {
-                "Succeeded" => HookPhase::Succeeded,
-                "Failed" => HookPhase::Failed,
-                "Skipped" => HookPhase::Skipped,
-                _ => return None,
-            };
-            Some((Hook::parse(h.trim())?, phase))
-        });
-        let Some((hook, phase)) = parsed else {
-            errors.push(format!("invalid {HOOK_PHASE_MD} entry {entry:?}"));
-            continue;
-        };
-        let slot = match hook {
-            Hook::BeforeLease => &mut md.before_phase,
-            Hook::AfterLease => &mut md.after_phase,
-        };
-        if slot.is_some_and(|p| p != phase) {
-            conflicts.push((hook, HOOK_PHASE_MD));
-        }
-        *slot = Some(phase);
-    }
-    for entry in on_failure.into_iter().flat_map(split) {
-        let parsed = entry.split_once('=').and_then(|(h, a)| {
-            let action = match a.trim() {
-                "warn" => HookOnFailure::Warn,
-                "endLease" => HookOnFailure::EndLease,
-                "exit" => HookOnFailure::Exit,
-                _ => return None,
-            };
-            Some((Hook::parse(h.trim())?, action))
-        });
-        let Some((hook, action)) = parsed else {
-            errors.push(format!("invalid {HOOK_ON_FAILURE_MD} entry {entry:?}"));
-            continue;
-        };
-        let slot = match hook {
-            Hook::BeforeLease => &mut md.before_on_failure,
-            Hook::AfterLease => &mut md.after_on_failure,
-        };
-        if slot.is_some_and(|a| a != action) {
-            conflicts.push((hook, HOOK_ON_FAILURE_MD));
-        }
-        *slot = Some(action);
-    }
-    // Contradictory repeats say nothing reliable about that hook: drop them.
-    for (hook, key) in conflicts {
-        errors.push(format!("contradictory {key} values for {hook:?}"));
-        match (hook, key) {
-            (Hook::BeforeLease, HOOK_PHASE_MD) => md.before_phase = None,
-            (Hook::AfterLease, HOOK_PHASE_MD) => md.after_phase = None,
-            (Hook::BeforeLease, _) => md.before_on_failure = None,
-            (Hook::AfterLease, _) => md.after_on_failure = None,
-        }
-    }
+    let (before_phase, after_phase) = per_hook(
+        HOOK_PHASE_MD,
+        phases,
+        |p| match p {
+            "Succeeded" => Some(HookPhase::Succeeded),
+            "Failed" => Some(HookPhase::Failed),
+            "Skipped" => Some(HookPhase::Skipped),
+            _ => None,
+        },
+        &mut errors,
+    );
+    let (before_on_failure, after_on_failure) = per_hook(
+        HOOK_ON_FAILURE_MD,
+        on_failure,
+        |a| match a {
+            "warn" => Some(HookOnFailure::Warn),
+            "endLease" => Some(HookOnFailure::EndLease),
+            "exit" => Some(HookOnFailure::Exit),
+            _ => None,
+        },
+        &mut errors,
+    );
+    let md = HookMetadata {
+        before_phase,
+        after_phase,
+        before_on_failure,
+        after_on_failure,
+    };
     (md, errors)
+}
+
+/// The `<hook>=<value>` entries of one metadata key, as (beforeLease, afterLease). Contradictory
+/// repeats say nothing reliable about that hook, so they drop it.
+fn per_hook<'a, T: Copy + PartialEq>(
+    key: &str,
+    values: impl IntoIterator<Item = &'a str>,
+    value: impl Fn(&str) -> Option<T>,
+    errors: &mut Vec<String>,
+) -> (Option<T>, Option<T>) {
+    let mut slots: [Option<T>; 2] = [None, None];
+    let mut contradicted = [false; 2];
+    let entries = values
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|e| !e.is_empty());
+    for entry in entries {
+        let parsed = entry
+            .split_once('=')
+            .and_then(|(h, v)| Some((Hook::parse(h.trim())? as usize, value(v.trim())?)));
+        let Some((i, v)) = parsed else {
+            errors.push(format!("invalid {key} entry {entry:?}"));
+            continue;
+        };
+        contradicted[i] |= slots[i].is_some_and(|old| old != v);
+        slots[i] = Some(v);
+    }
+    for (i, hook) in ["beforeLease", "afterLease"].into_iter().enumerate() {
+        if contradicted[i] {
+            errors.push(format!("contradictory {key} values for {hook}"));
+            slots[i] = None;
+        }
+    }
+    (slots[0], slots[1])
 }
 
 /// One ReportStatus as the record sees it.
