@@ -57,13 +57,7 @@ pub fn events(
     let mut out = Vec::new();
     let secret = format!("{name}-client");
     if let Some(reason) = minted {
-        let note = match reason {
-            MintReason::Created => format!("Credential secret created for client: secret={secret}"),
-            MintReason::Renewed => format!("Credential token renewed for client: secret={secret}"),
-            MintReason::Replaced(_) => {
-                format!("Credential token replaced (invalid) for client: secret={secret}")
-            }
-        };
+        let note = super::exporter_status::mint_note("client", reason, &secret);
         out.push(EventSpec {
             warning: false,
             reason: "CredentialCreated",

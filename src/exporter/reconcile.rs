@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use tracing::{info, warn};
 
 use super::client_status;
-use super::exporter_status::{self, EventSpec, HeldLease};
+use super::exporter_status::{self, EventSpec, HeldLease, mint_note};
 use super::lease_logic::{self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, UNSATISFIABLE};
 use super::settings::Settings;
 use super::token::{self, Claims, MintReason, SigningKey, TokenAction, TokenPolicy};
@@ -182,16 +182,6 @@ async fn ensure_credential(
     }
 }
 
-fn mint_note(kind: &str, reason: MintReason, secret: &str) -> String {
-    match reason {
-        MintReason::Created => format!("Credential secret created for {kind}: secret={secret}"),
-        MintReason::Renewed => format!("Credential token renewed for {kind}: secret={secret}"),
-        MintReason::Replaced(_) => {
-            format!("Credential token replaced (invalid) for {kind}: secret={secret}")
-        }
-    }
-}
-
 async fn emit<K: Resource<DynamicType = ()>>(ctx: &Ctx, obj: &K, events: &[EventSpec]) {
     let regarding = obj.object_ref(&());
     for e in events {
@@ -201,7 +191,7 @@ async fn emit<K: Resource<DynamicType = ()>>(ctx: &Ctx, obj: &K, events: &[Event
             EventType::Normal
         };
         ctx.writer
-            .event(&regarding, t, e.reason, "Reconcile", e.note.clone())
+            .event(&regarding, t, e.reason, e.action(), e.note.clone())
             .await;
     }
 }
