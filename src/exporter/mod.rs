@@ -2,9 +2,11 @@
 //! (`jumpstarter.dev/v1alpha1`). See `../shared/spec/exporter.md`.
 //!
 //! Pure modules: `types` (CRDs), `token` (key and JWTs), `exporter_status`, `client_status`,
-//! `lease_logic`, `selector`, `godur`, `settings`. IO: `reconcile`, `signing`.
+//! `lease_logic`, `selector`, `godur`, `settings`, `config`. IO: `reconcile`, `signing`,
+//! `startup`.
 
 pub mod client_status;
+pub mod config;
 pub mod exporter_status;
 pub mod godur;
 pub mod grpc;
@@ -18,6 +20,7 @@ pub mod schema;
 pub mod selector;
 pub mod settings;
 pub mod signing;
+pub mod startup;
 pub mod tls;
 pub mod token;
 pub mod types;
@@ -102,8 +105,16 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         std::env::var("GRPC_ENDPOINT").ok(),
         std::env::var("CONTROLLER_KEY").ok(),
     )?;
+    // Read once at start, as upstream: a changed ConfigMap or key applies after a restart.
+    let Some(loaded) = startup::load_config(&rt).await else {
+        return Ok(()); // shutdown while the ConfigMap was invalid
+    };
+    for w in &loaded.warnings {
+        tracing::warn!("{w}");
+    }
+    let settings = settings.with_config(loaded.config);
     let Some(key) = signing::load(&rt, &settings.key_source).await? else {
-        return Ok(()); // shutdown before the generated key appeared
+        return Ok(()); // shutdown before the key Secret was usable
     };
 
     let metrics = metrics::Metrics::new();
@@ -158,12 +169,17 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         .register(Box::new(metrics::ExporterGauges::new(exporter_ctl.store())))
         .map_err(|e| format!("cannot register exporter gauges: {e}"))?;
 
-    // Lease: every change (ended ones cost a read-only pass), plus pending leases that an
-    // Exporter change may satisfy.
+    // Lease: every change of a lease without the ended label (rule 6.1.1: the label selector
+    // drops ended leases from the watch and its cache, and admits an ended lease that lacks the
+    // label, so the label is backfilled), plus pending leases that an Exporter change may satisfy.
     let lease_ctl = rt.controller::<Lease>(
         "lease",
         rt.watched(),
-        watcher::Config::default(),
+        watcher::Config::default().labels(&format!(
+            "{}!={}",
+            lease_logic::ENDED_LABEL,
+            lease_logic::ENDED_VALUE
+        )),
         Trigger::AnyChange,
     );
     let lease_store = lease_ctl.store();
