@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts one local control plane, runs the e2e tests (the #[ignore]d ones) against it, stops it.
-# Extra arguments go to the test binaries (e.g. a test name filter).
+# Extra arguments go to the test binaries (e.g. a test name filter), after optional leading
+# `--test <binary>` pairs that select the binaries.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/ucm-e2e-XXXXXX)
@@ -24,4 +25,10 @@ done
 echo "control plane ready in $(( $(date +%s) - start ))s"
 export UCM_E2E_KUBECONFIG=$(sed -n 's/^READY //p' "$work/ready")
 cd "$root"
-cargo test --locked --no-fail-fast --tests -- --ignored --test-threads="${E2E_THREADS:-4}" "$@"
+# Leading `--test <binary>` pairs pick test binaries (cargo's meaning); the default is all of them.
+targets=(--tests)
+if [[ ${1:-} == --test ]]; then
+  targets=()
+  while [[ ${1:-} == --test && $# -ge 2 ]]; do targets+=(--test "$2"); shift 2; done
+fi
+cargo test --locked --no-fail-fast "${targets[@]}" -- --ignored --test-threads="${E2E_THREADS:-4}" "$@"
