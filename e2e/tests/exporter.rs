@@ -1769,6 +1769,46 @@ async fn lease_is_assigned_released_and_labelled() {
         "{metrics}"
     );
 
+    // Deleting the running lease hands the exporter to the waiting one at once (the cleared
+    // leaseRef is an Exporter change the Lease controller maps to pending leases).
+    create(
+        &env.client,
+        &env.ns,
+        lease_manifest(
+            "l4",
+            json!({"clientRef": {"name": "c1"}, "duration": "1h", "exporterRef": {"name": "e1"}}),
+        ),
+    )
+    .await;
+    eventually(TIMEOUT, "l4: Pending/NotAvailable", || async {
+        leases
+            .get("l4")
+            .await
+            .ok()
+            .and_then(|l| lease_cond(&l, "Pending"))
+            .is_some_and(|c| c.reason == "NotAvailable")
+    })
+    .await;
+    leases.delete("l2", &DeleteParams::default()).await.unwrap();
+    eventually(TIMEOUT, "l4 to get the exporter and leaseRef", || async {
+        let acquired = leases
+            .get("l4")
+            .await
+            .ok()
+            .and_then(|l| l.status)
+            .and_then(|s| s.exporter_ref)
+            .is_some_and(|r| r.name == "e1");
+        acquired
+            && exporters
+                .get("e1")
+                .await
+                .ok()
+                .and_then(|e| e.status)
+                .and_then(|s| s.lease_ref)
+                .is_some_and(|r| r.name == "l4")
+    })
+    .await;
+
     // A25: disabling the exporter keeps its active lease.
     let lease_passes = reconciles(&m, "lease").await;
     exporters
@@ -1791,14 +1831,14 @@ async fn lease_is_assigned_released_and_labelled() {
     )
     .await;
     wait_reconciles(&m, "lease", lease_passes).await;
-    let l2 = leases.get("l2").await.unwrap();
-    assert!(!l2.status.as_ref().unwrap().ended, "still active");
-    assert_eq!(lease_cond(&l2, "Ready").unwrap().status, "True");
+    let l4 = leases.get("l4").await.unwrap();
+    assert!(!l4.status.as_ref().unwrap().ended, "still active");
+    assert_eq!(lease_cond(&l4, "Ready").unwrap().status, "True");
 
     // A14: the lease ends, leaseRef is cleared.
     leases
         .patch(
-            "l2",
+            "l4",
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"release": true}})),
         )
@@ -1821,7 +1861,7 @@ async fn lease_is_assigned_released_and_labelled() {
         .unwrap();
     eventually(TIMEOUT, "leases to be garbage-collected", || async {
         leases.get_opt("l1").await.ok().flatten().is_none()
-            && leases.get_opt("l2").await.ok().flatten().is_none()
+            && leases.get_opt("l4").await.ok().flatten().is_none()
     })
     .await;
 }
@@ -2660,16 +2700,33 @@ async fn bad_leases_end_with_a_condition_and_others_keep_going() {
     // Whole seconds: metav1.Time stores no fraction.
     let begin = Timestamp::from_second(Timestamp::now().as_second() + 4).unwrap();
     let end = begin + SignedDuration::from_secs(4);
-    create(
-        &env.client,
-        &env.ns,
-        lease_manifest(
-            "scheduled",
-            json!({"clientRef": {"name": "c"}, "beginTime": rfc3339(begin),
-                   "endTime": rfc3339(end), "selector": rpi}),
+    let second_end = begin + SignedDuration::from_secs(8);
+    for (name, from, to) in [
+        ("scheduled", begin, end),
+        // Overlaps the first on the one exporter: waits for it, then runs to its own end.
+        (
+            "scheduled-2",
+            begin + SignedDuration::from_secs(2),
+            second_end,
         ),
-    )
-    .await;
+        // Deleted before it begins: its timer finds nothing to do.
+        ("scheduled-deleted", begin, end),
+    ] {
+        create(
+            &env.client,
+            &env.ns,
+            lease_manifest(
+                name,
+                json!({"clientRef": {"name": "c"}, "beginTime": rfc3339(from),
+                       "endTime": rfc3339(to), "selector": rpi}),
+            ),
+        )
+        .await;
+    }
+    leases
+        .delete("scheduled-deleted", &DeleteParams::default())
+        .await
+        .unwrap();
     eventually(TIMEOUT, "the scheduled lease to start", || async {
         leases
             .get("scheduled")
@@ -2715,6 +2772,38 @@ async fn bad_leases_end_with_a_condition_and_others_keep_going() {
     assert!(
         ended >= end && ended.duration_since(end) <= SignedDuration::from_secs(5),
         "ended at {ended}, endTime {end}"
+    );
+    // The overlapping one got the exporter once the first ended, and expired at its endTime.
+    eventually(
+        Duration::from_secs(30),
+        "the second scheduled lease to expire at its endTime",
+        || async {
+            leases
+                .get("scheduled-2")
+                .await
+                .ok()
+                .is_some_and(|l| lease_cond(&l, "Ready").is_some_and(|c| c.reason == "Expired"))
+        },
+    )
+    .await;
+    let s2 = leases.get("scheduled-2").await.unwrap().status.unwrap();
+    let (b2, e2) = (s2.begin_time.unwrap().0, s2.end_time.unwrap().0);
+    assert!(
+        b2 >= ended,
+        "started at {b2}, while the first ran until {ended}"
+    );
+    assert!(
+        e2 >= second_end && e2.duration_since(second_end) <= SignedDuration::from_secs(5),
+        "ended at {e2}, endTime {second_end}"
+    );
+    assert_eq!(
+        metric(
+            &m.metrics().await,
+            "controller_runtime_reconcile_errors_total",
+            &[("controller", "lease")]
+        ),
+        0.0,
+        "bad leases are conditions, not reconcile errors"
     );
     assert_eq!(
         m.readyz().await.map(|r| r.0),
