@@ -547,7 +547,7 @@ async fn exporter_credential_status_and_liveness() {
         .0;
     // Never early; late only by scheduling (a 30 s timer, as upstream, would be far later).
     assert!(
-        offline_at > stale_at
+        offline_at >= stale_at
             && offline_at.duration_since(stale_at) <= SignedDuration::from_secs(5),
         "Offline at {offline_at}, stale at {stale_at}"
     );
@@ -2319,10 +2319,16 @@ async fn unchanged_objects_get_no_writes() {
         reconciles(&m, "lease").await,
         reconciles(&m, "client").await,
     ];
-    touch(&secrets, "e1-exporter").await; // → exporter pass
-    touch(&leases, "running").await; // → lease pass, and exporter pass (Lease watch)
-    touch(&secrets, "c1-client").await; // → client pass
-    let expected = snapshot().await;
+    // Expected: the versions before, except those our own touches return.
+    let mut expected = snapshot().await;
+    let touched = [
+        ("Secret e1-exporter", touch(&secrets, "e1-exporter").await), // → exporter pass
+        ("Lease running", touch(&leases, "running").await),           // → lease and exporter passes
+        ("Secret c1-client", touch(&secrets, "c1-client").await),     // → client pass
+    ];
+    for (what, version) in touched {
+        expected.iter_mut().find(|(w, _)| *w == what).unwrap().1 = version;
+    }
     for (controller, n) in ["exporter", "lease", "client"].into_iter().zip(before) {
         wait_reconciles(&m, controller, n).await;
     }
