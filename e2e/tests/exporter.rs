@@ -963,6 +963,15 @@ async fn generated_key_is_created_once_shared_and_replaced_when_deleted() {
     let b = replica();
     a.wait_ready().await;
     b.wait_ready().await;
+    eventually(TIMEOUT, "the generated key Secret", || async {
+        secrets
+            .get_opt("ucm-exporter-signing-key")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
     let stored = secrets.get("ucm-exporter-signing-key").await.unwrap();
     let pem = String::from_utf8(stored.data.clone().unwrap()["key.pem"].0.clone()).unwrap();
     assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"), "PKCS#8 PEM");
@@ -995,6 +1004,15 @@ async fn generated_key_is_created_once_shared_and_replaced_when_deleted() {
         .unwrap();
     let c = replica();
     c.wait_ready().await;
+    eventually(TIMEOUT, "a new generated key Secret", || async {
+        secrets
+            .get_opt("ucm-exporter-signing-key")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
     let pem = String::from_utf8(
         secrets
             .get("ucm-exporter-signing-key")
