@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use tracing::{info, warn};
 
 use super::client_status;
-use super::exporter_status::{self, EventSpec, HeldLease};
+use super::exporter_status::{self, EventSpec, HeldLease, mint_note};
 use super::lease_logic::{self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, UNSATISFIABLE};
 use super::settings::Settings;
 use super::token::{self, Claims, MintReason, SigningKey, TokenAction, TokenPolicy};
@@ -182,16 +182,6 @@ async fn ensure_credential(
     }
 }
 
-fn mint_note(kind: &str, reason: MintReason, secret: &str) -> String {
-    match reason {
-        MintReason::Created => format!("Credential secret created for {kind}: secret={secret}"),
-        MintReason::Renewed => format!("Credential token renewed for {kind}: secret={secret}"),
-        MintReason::Replaced(_) => {
-            format!("Credential token replaced (invalid) for {kind}: secret={secret}")
-        }
-    }
-}
-
 async fn emit<K: Resource<DynamicType = ()>>(ctx: &Ctx, obj: &K, events: &[EventSpec]) {
     let regarding = obj.object_ref(&());
     for e in events {
@@ -201,8 +191,36 @@ async fn emit<K: Resource<DynamicType = ()>>(ctx: &Ctx, obj: &K, events: &[Event
             EventType::Normal
         };
         ctx.writer
-            .event(&regarding, t, e.reason, "Reconcile", e.note.clone())
+            .event(&regarding, t, e.reason, e.action(), e.note.clone())
             .await;
+    }
+}
+
+/// `CredentialCreated`, right after the Secret write that minted the token: a later failure
+/// in the same pass (a status conflict) must not lose it.
+async fn credential_event<K: Resource<DynamicType = ()>>(
+    ctx: &Ctx,
+    obj: &K,
+    kind: &str,
+    minted: Option<MintReason>,
+    secret: &str,
+) {
+    if let Some(reason) = minted {
+        let event = EventSpec {
+            warning: false,
+            reason: "CredentialCreated",
+            note: mint_note(kind, reason, secret),
+        };
+        emit(ctx, obj, &[event]).await;
+    }
+}
+
+/// A write answered 404: the object (or its Secret) was deleted meanwhile. Its deletion event
+/// brings whatever pass is still needed, so this pass ends without an error.
+fn gone_is_done(result: Result<Action, Error>) -> Result<Action, Error> {
+    match result {
+        Err(Error::Write(e)) if e.is_not_found() => Ok(Action::await_change()),
+        other => other,
     }
 }
 
@@ -227,6 +245,10 @@ async fn active_leases(ctx: &Ctx, namespace: &str) -> Result<Vec<Lease>, Error> 
 
 /// The Exporter pass (§4.2).
 pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    gone_is_done(exporter_pass(exporter, ctx).await)
+}
+
+async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let now = Timestamp::now();
     let ns = exporter.namespace().unwrap_or_default();
     let name = exporter.name_any();
@@ -251,6 +273,7 @@ pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Resul
         now,
     )
     .await?;
+    credential_event(&ctx, &*exporter, "exporter", minted, &secret_name).await;
 
     let leases = active_leases(&ctx, &ns).await?;
     let (held, several) = lease_logic::held_lease(&name, &leases);
@@ -274,13 +297,6 @@ pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Resul
         warn!(exporter = %name, "replacing a lease-hooks record that still owes afterLease");
     }
     let mut events = Vec::new();
-    if let Some(reason) = minted {
-        events.push(EventSpec {
-            warning: false,
-            reason: "CredentialCreated",
-            note: mint_note("exporter", reason, &secret_name),
-        });
-    }
     if let Some(patch) = status_merge_patch(exporter.status.as_ref(), &desired.status) {
         let api: Api<Exporter> = Api::namespaced(ctx.client.clone(), &ns);
         let rv = exporter.resource_version().unwrap_or_default();
@@ -305,6 +321,10 @@ pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Resul
 
 /// The Client pass (§3.4).
 pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    gone_is_done(client_pass(client, ctx).await)
+}
+
+async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let now = Timestamp::now();
     let ns = client.namespace().unwrap_or_default();
     let name = client.name_any();
@@ -322,6 +342,7 @@ pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Acti
     let policy = ctx.settings.token.without_renewal();
     let (claims, minted) =
         ensure_credential(&ctx, &ns, &secret_name, &owner, &subject, &policy, now).await?;
+    credential_event(&ctx, &*client, "client", minted, &secret_name).await;
     let desired = client_status::desired_status(
         &client,
         &claims,
@@ -340,7 +361,6 @@ pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Acti
     }
     let events = client_status::events(
         &name,
-        minted,
         client.status.as_ref(),
         persisted.unwrap_or(client.status.as_ref().unwrap_or(&desired.status)),
     );
@@ -350,6 +370,10 @@ pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Acti
 
 /// The Lease pass (§6): decide, write status, count, then metadata.
 pub async fn reconcile_lease(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    gone_is_done(lease_pass(lease, ctx).await)
+}
+
+async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let now = Timestamp::now();
     let ns = lease.namespace().unwrap_or_default();
     let name = lease.name_any();

@@ -184,6 +184,11 @@ pub fn mint(
         iat,
         exp: iat.saturating_add(lifetime.as_secs()),
     };
+    (sign(key, &claims), claims)
+}
+
+/// Signs `claims` as an ES256 JWT with kid `default` (the form of every internal token).
+pub fn sign(key: &SigningKey, claims: &Claims) -> String {
     let header = Header {
         alg: "ES256".into(),
         kid: Some(KEY_ID.into()),
@@ -192,11 +197,10 @@ pub fn mint(
     let signing_input = format!(
         "{}.{}",
         B64.encode(serde_json::to_vec(&header).expect("header serialises")),
-        B64.encode(serde_json::to_vec(&claims).expect("claims serialise"))
+        B64.encode(serde_json::to_vec(claims).expect("claims serialise"))
     );
     let signature: Signature = key.inner.sign(signing_input.as_bytes());
-    let token = format!("{signing_input}.{}", B64.encode(signature.to_bytes()));
-    (token, claims)
+    format!("{signing_input}.{}", B64.encode(signature.to_bytes()))
 }
 
 /// Verifies alg, signature, `iss`, `aud` and `exp` (rule 4.1.4). The subject is the caller's check.
