@@ -211,6 +211,8 @@ fn token_expiring_at(key: &SigningKey, sub: &str, exp: Timestamp) -> String {
             sub: sub.into(),
             iat: exp.as_second() - 365 * DAY,
             exp: exp.as_second(),
+            jti: None,
+            holder: None,
         },
     )
 }
@@ -697,6 +699,8 @@ async fn exporter_token_is_reminted_when_invalid() {
         sub: sub.clone(),
         iat: now.as_second(),
         exp: now.as_second() + 3600,
+        jti: None,
+        holder: None,
     };
     let cases: Vec<(&'static str, String)> = vec![
         (

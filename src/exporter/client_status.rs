@@ -107,6 +107,8 @@ mod tests {
             sub: "client:ns:c1:u".into(),
             iat: exp - 365 * DAY,
             exp,
+            jti: None,
+            holder: None,
         }
     }
 

@@ -458,8 +458,72 @@ fn apply_config(
     Ok(())
 }
 
+/// Rule 7.5.2: the router for an exporter with `labels`. One router is always chosen; with several
+/// (OURS) the one whose labels match most of the exporter's, ties by name. None: no `router` key.
+pub fn choose_router<'a>(
+    routers: &'a BTreeMap<String, RouterEntry>,
+    labels: &BTreeMap<String, String>,
+) -> Option<&'a str> {
+    let matches = |r: &RouterEntry| {
+        r.labels
+            .iter()
+            .filter(|(k, v)| labels.get(*k) == Some(*v))
+            .count()
+    };
+    // max_by_key keeps the last maximum; iterate names in reverse so ties go to the first name.
+    routers
+        .iter()
+        .rev()
+        .max_by_key(|(_, r)| matches(r))
+        .map(|(_, r)| r.endpoint.as_str())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn router_choice_most_matching_labels_then_name() {
+        let entry = |ep: &str, l: &[(&str, &str)]| RouterEntry {
+            endpoint: ep.to_string(),
+            labels: l
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let labels: BTreeMap<String, String> = [("site", "a"), ("rack", "1")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(choose_router(&BTreeMap::new(), &labels), None);
+        let one = BTreeMap::from([("x".to_string(), entry("x:1", &[("site", "b")]))]);
+        assert_eq!(
+            choose_router(&one, &labels),
+            Some("x:1"),
+            "one router is always chosen"
+        );
+        let many = BTreeMap::from([
+            ("a".to_string(), entry("a:1", &[("site", "b")])),
+            ("b".to_string(), entry("b:1", &[("site", "a")])),
+            (
+                "c".to_string(),
+                entry("c:1", &[("site", "a"), ("rack", "1")]),
+            ),
+            (
+                "d".to_string(),
+                entry("d:1", &[("site", "a"), ("rack", "1")]),
+            ),
+        ]);
+        assert_eq!(
+            choose_router(&many, &labels),
+            Some("c:1"),
+            "most matches, tie by name"
+        );
+        assert_eq!(
+            choose_router(&many, &BTreeMap::new()),
+            Some("a:1"),
+            "all tie: first name"
+        );
+    }
+
     use super::*;
 
     fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -422,6 +422,8 @@ mod tests {
             sub: "exporter:lab:e1:u".into(),
             iat: exp - 365 * DAY,
             exp,
+            jti: None,
+            holder: None,
         }
     }
 

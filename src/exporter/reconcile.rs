@@ -126,7 +126,20 @@ async fn ensure_credential(
         .and_then(|s| s.data.as_ref())
         .and_then(|d| d.get("token"))
         .map(|b| b.0.as_slice());
-    match token::decide(stored, &ctx.key, subject, now, policy) {
+    let holder = token::holder(
+        &owner.kind.to_lowercase(),
+        namespace,
+        &owner.name,
+        &owner.uid,
+    );
+    // A token ucm minted for another object (its holder) is never kept, even with our subject.
+    let action = match token::decide(stored, &ctx.key, subject, now, policy) {
+        TokenAction::Keep(c) if c.holder.as_ref().is_some_and(|h| *h != holder) => {
+            TokenAction::Mint(MintReason::Replaced(token::Invalid::Subject))
+        }
+        action => action,
+    };
+    match action {
         TokenAction::Keep(claims) => {
             if let Some(secret) = &existing
                 && !has_controller_ref(&secret.metadata, owner)
@@ -142,7 +155,8 @@ async fn ensure_credential(
             Ok((claims, None))
         }
         TokenAction::Mint(reason) => {
-            let (jwt, claims) = token::mint(&ctx.key, subject, now, policy.lifetime);
+            let (jwt, claims) =
+                token::mint_for(&ctx.key, subject, Some(&holder), now, policy.lifetime);
             let data = BTreeMap::from([("token".to_string(), ByteString(jwt.into_bytes()))]);
             match existing {
                 None => {

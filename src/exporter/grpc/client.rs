@@ -22,7 +22,7 @@ use super::super::reconcile::{Ctx, status_merge_patch};
 use super::super::token;
 use super::super::types::{Client, Exporter, Lease};
 use super::auth::{self, Caller, Kind};
-use super::lease_pb::{self, DEFAULT_MAX_TAGS, TimeFields};
+use super::lease_pb::{self, TimeFields};
 use crate::runtime::WriteError;
 
 pub struct ClientApi {
@@ -109,6 +109,7 @@ impl ClientApi {
         let caller = auth::authorize(
             &self.ctx.client,
             &self.ctx.key,
+            &self.ctx.settings.config.prefix,
             self.watched.as_deref(),
             req,
             &[Kind::Client],
@@ -221,7 +222,10 @@ impl cpb::client_service_server::ClientService for Arc<ClientApi> {
             .get(&name)
             .await
             .map_err(|e| read_error(&e, "exporter"))?;
-        Ok(Response::new(lease_pb::exporter_to_pb(&e)))
+        Ok(Response::new(lease_pb::exporter_to_pb(
+            &e,
+            &self.ctx.settings.config,
+        )))
     }
 
     async fn list_exporters(
@@ -242,7 +246,11 @@ impl cpb::client_service_server::ClientService for Arc<ClientApi> {
             .await
             .map_err(|e| read_error(&e, "exporters"))?;
         Ok(Response::new(cpb::ListExportersResponse {
-            exporters: list.items.iter().map(lease_pb::exporter_to_pb).collect(),
+            exporters: list
+                .items
+                .iter()
+                .map(|e| lease_pb::exporter_to_pb(e, &self.ctx.settings.config))
+                .collect(),
             next_page_token: list.metadata.continue_.unwrap_or_default(),
         }))
     }
@@ -320,8 +328,11 @@ impl cpb::client_service_server::ClientService for Arc<ClientApi> {
                 "one of selector or exporter_name is required",
             ));
         }
-        lease_pb::validate_tags(&lease.tags.clone().into_iter().collect(), DEFAULT_MAX_TAGS)
-            .map_err(|e| Status::invalid_argument(format!("invalid lease tags: {e}")))?;
+        lease_pb::validate_tags(
+            &lease.tags.clone().into_iter().collect(),
+            self.ctx.settings.config.max_tags as usize,
+        )
+        .map_err(|e| Status::invalid_argument(format!("invalid lease tags: {e}")))?;
         let name = lease_name(&body.lease_id);
         let obj = lease_pb::lease_from_pb(&lease, &ns, &name, &caller.name)
             .map_err(Status::invalid_argument)?;
@@ -439,9 +450,16 @@ impl cpb::client_service_server::ClientService for Arc<ClientApi> {
             client.uid().as_deref().unwrap_or_default(),
             client.metadata.annotations.as_ref(),
         );
-        let (tok, claims) = token::mint(
+        let holder = token::holder(
+            "client",
+            &ns,
+            &caller.name,
+            client.uid().as_deref().unwrap_or_default(),
+        );
+        let (tok, claims) = token::mint_for(
             &self.ctx.key,
             &subject,
+            Some(&holder),
             Timestamp::now(),
             self.ctx.settings.token.lifetime,
         );

@@ -18,6 +18,7 @@ use tonic::metadata::{BinaryMetadataValue, MetadataValue};
 use tonic::{Request, Response, Status};
 use tracing::{debug, warn};
 
+use super::super::config;
 use super::super::exporter_status;
 use super::super::lease_hooks::{self, HOOK_ON_FAILURE_MD, HOOK_PHASE_MD};
 use super::super::proto::jumpstarter::v1 as pb;
@@ -84,6 +85,7 @@ impl Controller {
         let r = auth::authorize(
             &self.ctx.client,
             &self.ctx.key,
+            &self.ctx.settings.config.prefix,
             self.watched.as_deref(),
             req,
             kinds,
@@ -430,7 +432,7 @@ impl Controller {
     }
 
     /// Exporter status gate for Dial (rule 7.5.1).
-    async fn dial_gate(&self, ns: &str, exporter: &str) -> Result<(), Status> {
+    async fn dial_gate(&self, ns: &str, exporter: &str) -> Result<Exporter, Status> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         let mut backoff = Duration::from_millis(500);
         loop {
@@ -441,10 +443,10 @@ impl Controller {
                 .map_err(|_| internal("read the exporter"))?
                 .ok_or_else(|| Status::failed_precondition("exporter not found"))?;
             use ExporterStatusValue as S;
-            match exp.status.and_then(|s| s.exporter_status) {
+            match exp.status.as_ref().and_then(|s| s.exporter_status) {
                 None
                 | Some(S::Unspecified | S::LeaseReady | S::BeforeLeaseHook | S::AfterLeaseHook) => {
-                    return Ok(());
+                    return Ok(exp);
                 }
                 Some(S::Available) if tokio::time::Instant::now() + backoff < deadline => {
                     tokio::time::sleep(backoff).await;
@@ -705,10 +707,14 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
             .and_then(|s| s.exporter_ref_name())
             .ok_or_else(|| Status::failed_precondition("lease has no exporter yet"))?
             .to_string();
-        self.dial_gate(&caller.namespace, &exporter).await?;
+        let exp = self.dial_gate(&caller.namespace, &exporter).await?;
+        let router_endpoint =
+            config::choose_router(&self.ctx.settings.config.routers, exp.labels())
+                .unwrap_or(&self.router_endpoint)
+                .to_string();
         let (token, _, _) = router_token::mint(&self.router_key, Timestamp::now());
         let resp = pb::ListenResponse {
-            router_endpoint: self.router_endpoint.clone(),
+            router_endpoint: router_endpoint.clone(),
             router_token: token.clone(),
         };
         let key = (caller.namespace.clone(), lease_name);
@@ -730,7 +736,7 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
             Some(Ok(())) => {}
         }
         Ok(Response::new(pb::DialResponse {
-            router_endpoint: self.router_endpoint.clone(),
+            router_endpoint,
             router_token: token,
         }))
     }

@@ -2,7 +2,7 @@
 //! §6.6, §6.7.3): resource identifiers, label-selector text, Go duration strings, the lease time
 //! fields, and the Exporter/Lease views `jmp` reads. No IO here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use kube::ResourceExt;
 
+use super::super::config::ControllerConfig;
 use super::super::proto::jumpstarter::client::v1 as cpb;
 use super::super::proto::jumpstarter::v1 as pb;
 use super::super::types::{Exporter, ExporterStatusValue, Lease, LeaseSpec, LocalObjectReference};
@@ -517,15 +518,24 @@ pub fn status_to_pb(v: Option<ExporterStatusValue>) -> i32 {
 
 /// `Exporter.ToProtobuf`: `online` (deprecated) is `Online=True`; `enabled` defaults to true.
 #[allow(deprecated)]
-pub fn exporter_to_pb(e: &Exporter) -> cpb::Exporter {
+pub fn exporter_to_pb(e: &Exporter, cfg: &ControllerConfig) -> cpb::Exporter {
     let st = e.status.clone().unwrap_or_default();
+    // `hiddenLabels` are never shown; `deprecatedLabels` are shown apart, with their message.
+    let (mut labels, mut deprecated) = (HashMap::new(), HashMap::new());
+    for (k, v) in e.labels() {
+        if let Some(msg) = cfg.deprecated_label_keys.get(k) {
+            deprecated.insert(k.clone(), msg.clone());
+        } else if !cfg.hidden_label_keys.contains(k) {
+            labels.insert(k.clone(), v.clone());
+        }
+    }
     cpb::Exporter {
         name: object_id(
             &e.namespace().unwrap_or_default(),
             "exporters",
             &e.name_any(),
         ),
-        labels: e.labels().clone().into_iter().collect(),
+        labels,
         online: conditions::is_true(
             st.conditions.as_deref().unwrap_or_default(),
             exporter_status::ONLINE,
@@ -533,7 +543,7 @@ pub fn exporter_to_pb(e: &Exporter) -> cpb::Exporter {
         status: status_to_pb(st.exporter_status),
         status_message: st.status_message.unwrap_or_default(),
         enabled: Some(e.spec.is_enabled()),
-        deprecated_labels: Default::default(),
+        deprecated_labels: deprecated,
     }
 }
 
@@ -732,7 +742,7 @@ mod tests {
         let mut e = Exporter::new("e1", Default::default());
         e.metadata.namespace = Some("lab".into());
         e.metadata.labels = Some(BTreeMap::from([("board".into(), "rpi".into())]));
-        let v = exporter_to_pb(&e);
+        let v = exporter_to_pb(&e, &ControllerConfig::default());
         assert_eq!(v.name, "namespaces/lab/exporters/e1");
         assert_eq!((v.online, v.status, v.enabled), (false, 0, Some(true)));
         e.spec.enabled = Some(false);
@@ -741,7 +751,7 @@ mod tests {
             status_message: Some("Ready for commands".into()),
             ..Default::default()
         });
-        let v = exporter_to_pb(&e);
+        let v = exporter_to_pb(&e, &ControllerConfig::default());
         assert_eq!(v.status, pb::ExporterStatus::LeaseReady as i32);
         assert_eq!(v.status_message, "Ready for commands");
         assert_eq!(v.enabled, Some(false));

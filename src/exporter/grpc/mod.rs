@@ -159,7 +159,22 @@ async fn serve(
         stop.cancel();
         session.close_listeners();
     };
-    let result = tonic::transport::Server::builder()
+    let ka = &ctx.settings.config.keepalive;
+    let std = |d: jiff::SignedDuration| d.unsigned_abs();
+    // HTTP/2 pings: `grpc.keepalive` when set; else (OURS) one per heartbeat interval with gRPC's
+    // 20 s timeout, so a Status stream cut by a partition (no FIN) ends well within the offline
+    // threshold instead of after TCP's retransmission timeout.
+    let mut server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std(ka
+            .interval_time
+            .unwrap_or(ctx.settings.heartbeat_interval))))
+        .http2_keepalive_timeout(Some(std(ka
+            .timeout
+            .unwrap_or(jiff::SignedDuration::from_secs(20)))));
+    if let Some(age) = ka.max_connection_age {
+        server = server.max_connection_age(std(age));
+    }
+    let result = server
         .tls_config(certs.server_tls())
         .map_err(|e| format!("gRPC TLS: {e}"))?
         .add_service(health_svc)
