@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts one local control plane, runs the e2e tests (the #[ignore]d ones) against it, stops it.
-# Extra arguments go to the test binaries (e.g. a test name filter).
+# Extra arguments go to the test binaries (e.g. a test name filter); `--test <binary>` first
+# runs that test binary only.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/ucm-e2e-XXXXXX)
@@ -24,4 +25,9 @@ done
 echo "control plane ready in $(( $(date +%s) - start ))s"
 export UCM_E2E_KUBECONFIG=$(sed -n 's/^READY //p' "$work/ready")
 cd "$root"
-cargo test --locked --no-fail-fast --tests -- --ignored --test-threads="${E2E_THREADS:-4}" "$@"
+select=(--tests)
+if [[ "${1:-}" == "--test" && -n "${2:-}" ]]; then
+  select=(--test "$2")
+  shift 2
+fi
+cargo test --locked --no-fail-fast "${select[@]}" -- --ignored --test-threads="${E2E_THREADS:-4}" "$@"
