@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+use crate::k8s_names;
+
 /// A selector that cannot be evaluated (an unknown operator or a malformed requirement).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidSelector(pub String);
@@ -44,39 +46,9 @@ pub fn matches(
     Ok(labels_ok && exprs_ok)
 }
 
-/// The name part of a qualified name or a label value: at most 63 characters, letters, digits,
-/// `-`, `_` and `.`, starting and ending with a letter or digit.
-fn name_part_ok(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
-}
-
-/// A DNS-1123 subdomain: at most 253 characters of lower-case labels joined by dots.
-fn dns_subdomain_ok(s: &str) -> bool {
-    s.len() <= 253
-        && s.split('.').all(|l| {
-            let b = l.as_bytes();
-            !b.is_empty()
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        })
-}
-
 /// apimachinery's label key check (`IsQualifiedName`).
 fn key_problem(key: &str) -> Option<String> {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, key),
-    };
-    let ok = name_part_ok(name) && prefix.is_none_or(dns_subdomain_ok);
-    (!ok).then(|| {
+    (!k8s_names::is_qualified_name(key)).then(|| {
         format!(
             "key: Invalid value: {key:?}: a label key is an optional DNS subdomain prefix and '/', then a name of at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
         )
@@ -85,7 +57,7 @@ fn key_problem(key: &str) -> Option<String> {
 
 /// apimachinery's label value check (`IsValidLabelValue`): empty, or a name part.
 fn value_problem(key: &str, value: &str) -> Option<String> {
-    (!value.is_empty() && !name_part_ok(value)).then(|| {
+    (!k8s_names::is_label_value(value)).then(|| {
         format!(
             "values: Invalid value: {value:?} (key {key:?}): a label value is empty or at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
         )

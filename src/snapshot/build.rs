@@ -204,16 +204,7 @@ pub fn teardown_nodes(s: &MiroirSnapshot) -> Vec<String> {
 /// name part (`teardown-<node>`) is over 63 characters or is not letters, digits, `-`, `_` and
 /// `.` ending in a letter or digit, so such a node could never be protected.
 pub fn finalizer_node_ok(node: &str) -> bool {
-    let name = format!("teardown-{node}");
-    !node.is_empty()
-        && name.len() <= 63
-        && node
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        && node
-            .bytes()
-            .last()
-            .is_some_and(|b| b.is_ascii_alphanumeric())
+    crate::k8s_names::is_qualified_name(&teardown_finalizer(node))
 }
 
 /// The heartbeat age of `node`'s agent, None if it never renewed.

@@ -145,16 +145,7 @@ pub fn unsupported_source_message(spec: &VirtualMachineExportSpec) -> String {
 /// Pod would wait in ContainerCreating forever, and the spec cannot change. `Skipped` says so.
 pub fn token_secret_ref_problem(spec: &VirtualMachineExportSpec) -> Option<String> {
     let name = spec.token_secret_ref.as_deref()?;
-    let label_ok = |l: &str| {
-        let b = l.as_bytes();
-        !b.is_empty()
-            && b[0].is_ascii_alphanumeric()
-            && b[b.len() - 1].is_ascii_alphanumeric()
-            && b.iter()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-    };
-    let ok = name.len() <= 253 && name.split('.').all(label_ok);
-    (!ok).then(|| {
+    (!crate::k8s_names::is_dns_subdomain(name)).then(|| {
         format!(
             "spec.tokenSecretRef {name:?} is not a valid Secret name (lower-case letters, digits, '-' and '.', at most 253 characters); the spec cannot change, so delete this export and create one that names an existing Secret, or leave tokenSecretRef out to get a generated token"
         )
