@@ -5,24 +5,9 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use common::*;
-
-/// The pinned Jumpstarter virtualenv, created on first use. Panics with the script's output.
-pub fn jumpstarter_venv() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(repo_root().join("hack/jumpstarter-venv.sh"))
-        .output()
-        .expect("run hack/jumpstarter-venv.sh");
-    assert!(
-        out.status.success(),
-        "hack/jumpstarter-venv.sh failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
 
 /// A35: the committed descriptor set equals a fresh extraction from jumpstarter-protocol 0.9.0
 /// (reflection serving those bytes verbatim is a unit test in `exporter::proto`).

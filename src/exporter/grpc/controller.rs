@@ -563,6 +563,26 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
         }))
     }
 
+    /// Legacy lease creation (rule 6.7.3): a UUIDv7 name, the selector and the duration.
+    async fn request_lease(
+        &self,
+        req: Request<pb::RequestLeaseRequest>,
+    ) -> Result<Response<pb::RequestLeaseResponse>, Status> {
+        let caller = self.auth(&req, &[Kind::Client]).await?;
+        let name = super::client::lease_name("");
+        let lease = super::lease_pb::lease_from_request(
+            req.get_ref(),
+            &caller.namespace,
+            &name,
+            &caller.name,
+        )
+        .map_err(Status::invalid_argument)?;
+        let created = super::client::create_lease(&self.ctx, &lease).await?;
+        Ok(Response::new(pb::RequestLeaseResponse {
+            name: created.name_any(),
+        }))
+    }
+
     async fn release_lease(
         &self,
         req: Request<pb::ReleaseLeaseRequest>,
