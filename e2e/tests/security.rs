@@ -1,8 +1,8 @@
 //! Security checks (issue 10, item 4):
 //! - no secret ucm creates or is handed (exporter and client tokens, router tokens, export tokens,
-//!   signing, router and TLS keys, tokens callers present) appears in the logs of the manager,
-//!   `ucm router` or `ucm export-server` at the most verbose level (trace), nor in events,
-//!   conditions or any other object of the namespace;
+//!   signing, router and TLS keys, tokens callers present, the API tokens) appears in the logs of
+//!   the manager, `ucm router` or `ucm export-server` at the most verbose level (trace), nor in
+//!   events, conditions or any other object of the namespace;
 //! - the export server serves nothing outside its volumes: `..`, encoded `..`, absolute paths,
 //!   NUL bytes and symlinks that leave the volume get 404, and never the bytes behind them.
 //!
@@ -614,15 +614,18 @@ async fn secrets_never_reach_logs_events_or_status() {
     needles.push(("a forged exporter token".into(), forged));
     needles.push(("a wrong export token".into(), wrong.into()));
     needles.push(("ucm router's TLS key".into(), router_tls.key_pem.clone()));
-    let kubeconfig = std::fs::read_to_string(&env.kubeconfig).unwrap();
-    if let Some(t) = kubeconfig
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("token: "))
-    {
-        needles.push((
-            "the API server token of the kubeconfig".into(),
-            t.trim().into(),
-        ));
+    // The API tokens: the test's admin and the manager's own (shipped identity).
+    let manager_kubeconfig = manager
+        .log_path
+        .with_file_name("kubeconfig-shipped-identity");
+    for (what, path) in [
+        ("the admin kubeconfig's API token", env.kubeconfig.clone()),
+        ("the manager's ServiceAccount token", manager_kubeconfig),
+    ] {
+        let kc = std::fs::read_to_string(&path).unwrap_or_default();
+        let token = kc.lines().find_map(|l| l.trim().strip_prefix("token: "));
+        let token = token.unwrap_or_else(|| panic!("no token in {}", path.display()));
+        needles.push((what.into(), token.trim().into()));
     }
 
     // Haystacks: the logs at trace level, events, and every object ucm writes or reads here.
