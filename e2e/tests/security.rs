@@ -1,8 +1,8 @@
 //! Security checks (issue 10, item 4):
-//! - no secret ucm creates or is handed (exporter and client tokens, router tokens, export tokens,
-//!   signing, router and TLS keys, tokens callers present, the API tokens) appears in the logs of
-//!   the manager, `ucm router` or `ucm export-server` at the most verbose level (trace), nor in
-//!   events, conditions or any other object of the namespace;
+//! - no secret ucm creates or is handed (exporter and client tokens, a rotated one, router and
+//!   export tokens, signing, router and TLS keys, tokens callers present, the API tokens) appears
+//!   in the logs of the manager, `ucm router` or `ucm export-server` at the most verbose level
+//!   (trace), nor in events, conditions or any other object of the namespace;
 //! - the export server serves nothing outside its volumes: `..`, encoded `..`, absolute paths,
 //!   NUL bytes and symlinks that leave the volume get 404, and never the bytes behind them.
 //!
@@ -24,6 +24,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio_stream::StreamExt;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use ucm::exporter::proto::jumpstarter::client::v1 as cpb;
 use ucm::exporter::proto::jumpstarter::v1 as pb;
 use ucm::exporter::types::{Client as JClient, Exporter, Lease};
 use ucm::vmexport::types::VirtualMachineExport;
@@ -419,8 +420,18 @@ async fn secrets_never_reach_logs_events_or_status() {
         .await
         .unwrap()
         .into_inner();
-    let first = status.next().await.unwrap().unwrap();
-    assert!(first.leased, "{first:?}");
+    // Responses come on change: the lease shows once the Exporter reconciler has set leaseRef.
+    let leased = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let r = status.next().await.unwrap().unwrap();
+            if r.leased {
+                return r;
+            }
+        }
+    })
+    .await
+    .expect("the Status stream announces the lease");
+    assert_eq!(leased.lease_name.as_deref(), Some("l1"));
     let mut listen = ctl
         .listen(as_e1!(pb::ListenRequest {
             lease_name: "l1".into(),
@@ -468,7 +479,29 @@ async fn secrets_never_reach_logs_events_or_status() {
         assert!(!err.message().contains(tok.as_str()), "a token was echoed");
     }
 
-    drop((status, listen, ctl, ch));
+    // The client rotates its token over ClientService: one more token minted over gRPC.
+    let mut cs = cpb::client_service_client::ClientServiceClient::new(ch.clone());
+    let rotated = cs
+        .rotate_token(call(
+            cpb::RotateTokenRequest {
+                parent: format!("namespaces/{ns}"),
+            },
+            &c1_token,
+            &ns,
+            "Client",
+            "c1",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    // (Within the same second as the first mint it is the same token: ES256 here is
+    // deterministic and the claims have whole seconds.)
+    assert!(
+        rotated.split('.').count() == 3,
+        "RotateToken returned no JWT"
+    );
+    drop((status, listen, ctl, cs, ch));
 
     // Both ends meet at the router with the router token and exchange a frame. (Connections
     // close at the end of the block: the processes' graceful shutdown waits for them.)
@@ -611,6 +644,11 @@ async fn secrets_never_reach_logs_events_or_status() {
         );
     }
     needles.push(("the router token from Dial".into(), router_token));
+    needles.push((
+        "the client token before RotateToken".into(),
+        c1_token.clone(),
+    ));
+    needles.push(("the token RotateToken returned".into(), rotated));
     needles.push(("a forged exporter token".into(), forged));
     needles.push(("a wrong export token".into(), wrong.into()));
     needles.push(("ucm router's TLS key".into(), router_tls.key_pem.clone()));
