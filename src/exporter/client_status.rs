@@ -46,6 +46,29 @@ pub fn desired_status(
     }
 }
 
+/// The status of a Client that cannot get a credential (`problem` is its `TokenExpiring`):
+/// no credential, no expiry.
+pub fn without_credential(
+    client: &Client,
+    problem: conditions::Desired<'_>,
+    endpoint: &str,
+    now: Timestamp,
+) -> ClientStatus {
+    let mut status = client.status.clone().unwrap_or_default();
+    status.credential = None;
+    status.token_expires_at = None;
+    status.endpoint = Some(endpoint.to_string());
+    let mut conds = status.conditions.take().unwrap_or_default();
+    conditions::set(
+        &mut conds,
+        problem,
+        client.metadata.generation,
+        &conditions::truncate(now),
+    );
+    status.conditions = Some(conds);
+    status
+}
+
 /// Events after a persisted status write: `TokenExpiringSoon` when `TokenExpiring` became True
 /// (upstream's text). `CredentialCreated` follows the Secret write instead
 /// ([`super::exporter_status::mint_note`]).

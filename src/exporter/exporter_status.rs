@@ -24,6 +24,8 @@ pub const REASON_EXPIRED: &str = "Expired";
 pub const REASON_WITHIN_7: &str = "ExpiresWithin7Days";
 pub const REASON_WITHIN_30: &str = "ExpiresWithin30Days";
 pub const REASON_VALID: &str = "Valid";
+/// OURS: the object's name leaves no room for its credential Secret's name.
+pub const REASON_CREDENTIAL_NAME_TOO_LONG: &str = "CredentialNameTooLong";
 
 const DAY: i64 = 86_400;
 
@@ -180,6 +182,24 @@ pub fn derive_conditions(
         Desired::new(REGISTERED, false, REASON_UNREGISTER, "")
     };
     conditions::set(conditions, registered, generation, &stamp);
+}
+
+/// OURS: Kubernetes names are at most 253 characters, so an Exporter or Client whose credential
+/// Secret name (`<name><suffix>`) would be longer can never get a credential. Instead of failing
+/// every pass, `TokenExpiring` says so.
+pub fn credential_name_too_long(kind: &str, name: &str, suffix: &str) -> Option<Desired<'static>> {
+    let len = name.len() + suffix.len();
+    (len > 253).then(|| {
+        Desired::new(
+            TOKEN_EXPIRING,
+            true,
+            REASON_CREDENTIAL_NAME_TOO_LONG,
+            format!(
+                "No credential can be issued: its Secret name would be {len} characters, over the Kubernetes limit of 253; recreate the {kind} with a name of at most {} characters",
+                253 - suffix.len()
+            ),
+        )
+    })
 }
 
 /// `TokenExpiring` as upstream's `token_expiry.go` words it. `remaining` keeps `now`'s fraction
@@ -995,5 +1015,26 @@ mod tests {
     fn go_time_format() {
         assert_eq!(go_time_string(Some(ts(0))), "1970-01-01 00:00:00 +0000 UTC");
         assert_eq!(go_time_string(None), "0001-01-01 00:00:00 +0000 UTC");
+    }
+
+    #[test]
+    fn a_name_with_no_room_for_the_credential_secret_is_reported() {
+        assert!(credential_name_too_long("Exporter", &"e".repeat(244), "-exporter").is_none());
+        let d = credential_name_too_long("Exporter", &"e".repeat(245), "-exporter").unwrap();
+        assert_eq!(d.type_, TOKEN_EXPIRING);
+        assert_eq!(d.status, conditions::Status::True);
+        assert_eq!(d.reason, REASON_CREDENTIAL_NAME_TOO_LONG);
+        assert!(
+            d.message
+                .contains("254 characters, over the Kubernetes limit of 253"),
+            "{}",
+            d.message
+        );
+        assert!(d.message.contains("at most 244 characters"));
+        let d = credential_name_too_long("Client", &"c".repeat(250), "-client").unwrap();
+        assert!(
+            d.message
+                .contains("recreate the Client with a name of at most 246")
+        );
     }
 }

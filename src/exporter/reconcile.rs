@@ -39,8 +39,6 @@ pub enum Error {
     Write(#[from] WriteError),
     #[error(transparent)]
     Kube(#[from] kube::Error),
-    #[error(transparent)]
-    Assign(#[from] lease_logic::AssignError),
 }
 
 impl ReconcileError for Error {
@@ -48,7 +46,6 @@ impl ReconcileError for Error {
         match self {
             Error::Write(e) => e.metric_label(),
             Error::Kube(_) => "kube",
-            Error::Assign(_) => "client_not_found",
         }
     }
     fn is_conflict(&self) -> bool {
@@ -277,17 +274,23 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
         exporter.metadata.annotations.as_ref(),
     );
     let secret_name = format!("{name}-exporter");
-    let (claims, minted) = ensure_credential(
-        &ctx,
-        &ns,
-        &secret_name,
-        &owner,
-        &subject,
-        &ctx.settings.token,
-        now,
-    )
-    .await?;
-    credential_event(&ctx, &*exporter, "exporter", minted, &secret_name).await;
+    let no_credential = exporter_status::credential_name_too_long("Exporter", &name, "-exporter");
+    let claims = if no_credential.is_some() {
+        None
+    } else {
+        let (claims, minted) = ensure_credential(
+            &ctx,
+            &ns,
+            &secret_name,
+            &owner,
+            &subject,
+            &ctx.settings.token,
+            now,
+        )
+        .await?;
+        credential_event(&ctx, &*exporter, "exporter", minted, &secret_name).await;
+        Some(claims)
+    };
 
     let leases = active_leases(&ctx, &ns).await?;
     let (held, several) = lease_logic::held_lease(&name, &leases);
@@ -299,14 +302,24 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
         uid: l.uid(),
         client_name: l.spec.client_ref.name.clone(),
     });
-    let desired = exporter_status::desired_status(
+    let mut desired = exporter_status::desired_status(
         &exporter,
-        Some(&claims),
+        claims.as_ref(),
         held.as_ref(),
         &ctx.settings.status,
         &ctx.settings.token,
         now,
     );
+    if let Some(problem) = no_credential {
+        desired.status.credential = None;
+        let conds = desired.status.conditions.get_or_insert_with(Vec::new);
+        conditions::set(
+            conds,
+            problem,
+            exporter.metadata.generation,
+            &conditions::truncate(now),
+        );
+    }
     if desired.replaced_owing_record {
         warn!(exporter = %name, "replacing a lease-hooks record that still owes afterLease");
     }
@@ -353,6 +366,18 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
         client.metadata.annotations.as_ref(),
     );
     let secret_name = format!("{name}-client");
+    if let Some(problem) = exporter_status::credential_name_too_long("Client", &name, "-client") {
+        let status =
+            client_status::without_credential(&client, problem, &ctx.settings.status.endpoint, now);
+        if let Some(patch) = status_merge_patch(client.status.as_ref(), &status) {
+            let api: Api<Client> = Api::namespaced(ctx.client.clone(), &ns);
+            let rv = client.resource_version().unwrap_or_default();
+            ctx.writer
+                .merge_status_fenced(&api, &name, &rv, &patch)
+                .await?;
+        }
+        return Ok(Action::await_change());
+    }
     let policy = ctx.settings.token.without_renewal();
     let (claims, minted) =
         ensure_credential(&ctx, &ns, &secret_name, &owner, &subject, &policy, now).await?;
@@ -406,7 +431,8 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             .list(&ListParams::default())
             .await?
             .items;
-        let client = if policies.is_empty() {
+        // An empty name is a request the client library refuses; it is reported as not found.
+        let client = if policies.is_empty() || lease.spec.client_ref.name.is_empty() {
             None
         } else {
             Api::<Client>::namespaced(ctx.client.clone(), &ns)
@@ -420,7 +446,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             policies: &policies,
             client: client.as_ref(),
             now,
-        })?;
+        });
         // Rule 5.4.3: the caches are not mutually consistent; re-check the gate on a fresh read.
         if let Assignment::Assign { exporter, .. } = &decision
             && let Some(fresh) = exporters_api.get_opt(exporter).await?

@@ -465,7 +465,6 @@ impl Manager {
             .arg(format!(
                 "--health-probe-bind-address=127.0.0.1:{health_port}"
             ))
-            .arg("--log-level=info,ucm=debug")
             .env_remove("RUST_LOG")
             .env_remove("POD_NAMESPACE")
             .env_remove("WATCH_NAMESPACE");
@@ -481,6 +480,10 @@ impl Manager {
                 "--exporter-grpc-bind-address=127.0.0.1:{}",
                 free_port()
             ));
+        }
+        // A test may ask for another level (e.g. trace, to check what the logs never contain).
+        if !opts.extra.iter().any(|a| a.starts_with("--log-level")) {
+            cmd.arg("--log-level=info,ucm=debug");
         }
         if !opts.watch_all {
             cmd.arg(format!("--watch-namespace={}", opts.namespace));
