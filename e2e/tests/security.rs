@@ -6,6 +6,9 @@
 //! - the export server serves nothing outside its volumes: `..`, encoded `..`, absolute paths,
 //!   NUL bytes and symlinks that leave the volume get 404, and never the bytes behind them.
 //!
+//! - gRPC identities stay in their namespace: an object whose migration annotations claim another
+//!   namespace's exporter gets a token with that exporter's subject, but not its identity.
+//!
 //! Snapshots hold no secrets (the MiroirSnapshot feature has no credentials), so the snapshot
 //! feature only runs alongside here.
 
@@ -934,4 +937,90 @@ fn export_server_refuses_path_traversal() {
         attempts.len(),
         failures.join("\n")
     );
+}
+
+/// The migration annotations let an Exporter keep the subject it had elsewhere (upstream's
+/// migration path), so an Exporter in namespace A can get a token whose subject is B/victim's.
+/// That token must not act as B/victim (it names its holder, A/victim); it still works as A/victim.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane"]
+async fn migration_annotations_cannot_borrow_another_namespaces_identity() {
+    // A control plane of its own: a manager serving every namespace must not meet other tests'.
+    let own = tokio::task::spawn_blocking(Harness::start_own)
+        .await
+        .unwrap();
+    let client = client_for(&own.kubeconfig).await;
+    install_crds(&client).await;
+    let ns = create_namespace(&client, "sec-borrow").await;
+    let victim_ns = create_namespace(&client, "sec-victim").await;
+    let port = free_port();
+    let manager = Manager::start(
+        ManagerOpts {
+            watch_all: true,
+            ..ManagerOpts::new(&own.kubeconfig, &ns)
+        }
+        .only("exporter")
+        .args([
+            format!("--exporter-grpc-bind-address=127.0.0.1:{port}"),
+            format!("--exporter-grpc-endpoint=localhost:{port}"),
+        ]),
+    );
+    manager.wait_ready().await;
+    let exporter = |annotations: serde_json::Value| {
+        serde_json::from_value::<Exporter>(json!({
+            "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
+            "metadata": {"name": "victim", "annotations": annotations}, "spec": {},
+        }))
+        .unwrap()
+    };
+    let victims: Api<Exporter> = Api::namespaced(client.clone(), &victim_ns);
+    let victim = victims
+        .create(&PostParams::default(), &exporter(json!({})))
+        .await
+        .unwrap();
+    let ours: Api<Exporter> = Api::namespaced(client.clone(), &ns);
+    let claim = json!({
+        "jumpstarter.dev/migrated-namespace": victim_ns,
+        "jumpstarter.dev/migrated-uid": victim.uid().unwrap(),
+    });
+    ours.create(&PostParams::default(), &exporter(claim))
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let token = secret_text(&wait_secret(&secrets, "victim-exporter").await, "token");
+    let ca = wait_secret(&secrets, "ucm-exporter-grpc-tls")
+        .await
+        .data
+        .unwrap()["tls.crt"]
+        .0
+        .clone();
+    let mut grpc =
+        pb::controller_service_client::ControllerServiceClient::new(tls_channel(port, &ca).await);
+    let report = |ns: &str| {
+        call(
+            pb::ReportStatusRequest {
+                status: pb::ExporterStatus::Offline as i32,
+                message: Some("reported through a borrowed identity".into()),
+                release_lease: None,
+            },
+            &token,
+            ns,
+            "Exporter",
+            "victim",
+        )
+    };
+    let refused = grpc.report_status(report(&victim_ns)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let after = victims.get("victim").await.unwrap();
+    assert!(
+        after
+            .status
+            .and_then(|s| s.status_message)
+            .is_none_or(|m| !m.contains("borrowed")),
+        "the victim's status was changed through another namespace's token"
+    );
+    // The migration path itself still works: the token is A/victim's.
+    grpc.report_status(report(&ns))
+        .await
+        .expect("the token acts for the object it was minted for");
 }
