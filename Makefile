@@ -21,7 +21,7 @@ GO_SOURCES  := $(shell find e2e/cmd -name '*.go' 2>/dev/null) e2e/go.mod e2e/go.
 
 export GOTOOLCHAIN := local
 
-.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench
+.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench fuzz
 
 build:
 	$(CARGO) build
@@ -76,3 +76,17 @@ run: build cluster
 # Benchmarks measured so far (the full suite of issue 9 is still to come): snapshot barrier-held time.
 bench: cluster build
 	$(CARGO) bench --profile dev --bench snapshot_barrier
+
+# Fuzzing (issue 10): the cargo-fuzz targets in fuzz/ (its own crate and lock file, so `make
+# test` never builds it), each run FUZZ_SECONDS, executions per target printed at the end.
+# Only stable Rust is installed and rustup cannot fetch nightly, so cargo-fuzz (installed here,
+# pinned, from crates.io) runs with `--sanitizer none`: that needs no -Z flag, and libFuzzer's
+# coverage instrumentation comes from stable `-C passes=sancov-module -C llvm-args=...` flags.
+# Without AddressSanitizer, safe Rust still panics on every out-of-bounds access or overflow
+# (cargo fuzz builds with debug assertions and overflow checks), which is what the targets check.
+FUZZ_SECONDS ?= 60
+CARGO_FUZZ_VERSION := 0.13.2
+fuzz:
+	@cargo fuzz --version 2>/dev/null | grep -qx 'cargo-fuzz $(CARGO_FUZZ_VERSION)' || \
+	  $(CARGO) install cargo-fuzz --version $(CARGO_FUZZ_VERSION) --locked
+	FUZZ_SECONDS=$(FUZZ_SECONDS) hack/fuzz.sh

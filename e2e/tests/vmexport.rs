@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -246,7 +245,17 @@ async fn e1_pvc_export_objects_ready_links_and_bridge() {
     let e2 = wait_phase(&c, &ns, "e2", "Ready", "PodReady").await;
     let h2 = format!("https://virt-export-e2.{ns}.svc");
     assert_eq!(
-        serde_json::to_value(e2.status.unwrap().links.unwrap().internal.unwrap().volumes).unwrap(),
+        serde_json::to_value(
+            e2.status
+                .clone()
+                .unwrap()
+                .links
+                .unwrap()
+                .internal
+                .unwrap()
+                .volumes
+        )
+        .unwrap(),
         json!([{"name": "files", "formats": [
         {"format": "dir", "url": format!("{h2}/volumes/files/dir")},
         {"format": "tar.gz", "url": format!("{h2}/volumes/files/disk.tar.gz")}]}])
@@ -294,7 +303,18 @@ async fn e1_pvc_export_objects_ready_links_and_bridge() {
     })
     .await;
 
-    bridge(&pod, &cert, &tok, &int_urls(&e1)).await;
+    // the pods the reconciler wrote run as they are: kubevirt and archive content
+    bridge(&c, &ns, &pod, &tok, &int_urls(&e1)).await;
+    let pod2 = Api::<Pod>::namespaced(c.clone(), &ns)
+        .get("virt-export-e2")
+        .await
+        .unwrap();
+    let tok2 = String::from_utf8(data(
+        &get_secret(&c, &ns, "export-token-e2").await.unwrap(),
+        "token",
+    ))
+    .unwrap();
+    bridge(&c, &ns, &pod2, &tok2, &int_urls(&e2)).await;
 }
 
 fn int_urls(e: &VirtualMachineExport) -> Vec<String> {
@@ -310,65 +330,150 @@ fn int_urls(e: &VirtualMachineExport) -> Vec<String> {
     out
 }
 
-/// Runs the rendered pod's command with its environment (mount paths mapped to temp dirs) and
-/// downloads every internal link through it.
-async fn bridge(pod: &Pod, cert: &Secret, token: &str, urls: &[String]) {
+/// Content of the fixture for one exported claim: a disk image for raw/gzip volumes, a small
+/// tree (with a `lost+found` that must not be served) for archive volumes.
+fn bridge_image(pvc: &str) -> Vec<u8> {
+    let seed = pvc
+        .bytes()
+        .fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
+    (0..200_000u32)
+        .map(|i| ((i.wrapping_mul(seed) >> 3) % 251) as u8)
+        .collect()
+}
+
+/// Runs the rendered pod's command with its environment and volume mounts (each mount path
+/// mapped to a temp dir filled from the Secret, ConfigMap or a claim fixture it names) and
+/// downloads every internal link through it, checking each body. Returns the bodies by URL.
+async fn bridge(
+    c: &Client,
+    ns: &str,
+    pod: &Pod,
+    token: &str,
+    urls: &[String],
+) -> BTreeMap<String, Vec<u8>> {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     let spec = pod.spec.clone().unwrap();
     let ctr = &spec.containers[0];
-    let map = |p: &str| {
-        root.join(p.trim_start_matches('/'))
-            .to_string_lossy()
-            .into_owned()
-    };
-    let image = (0..200_000u32)
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<u8>>();
+    let map = |p: &str| root.join(p.trim_start_matches('/'));
     let mut envs: BTreeMap<String, String> = BTreeMap::new();
     for e in ctr.env.clone().unwrap() {
         let Some(v) = e.value else { continue };
         let v = if e.name.ends_with("_EXPORT_PATH") || e.name.ends_with("_FILE") {
-            map(&v)
+            map(&v).to_string_lossy().into_owned()
         } else {
             v
         };
         envs.insert(e.name, v);
     }
-    std::fs::create_dir_all(map("/export-volumes/v0-disk")).unwrap();
+    // claim fixtures, by the export path the pod mounts them at
+    let mut raw_by_path = BTreeMap::new();
+    for (k, v) in &envs {
+        if let Some(i) = k
+            .strip_prefix("VOLUME")
+            .and_then(|r| r.strip_suffix("_EXPORT_RAW_URI"))
+        {
+            let pvc = v.split('/').nth(2).unwrap().to_string();
+            raw_by_path.insert(envs[&format!("VOLUME{i}_EXPORT_PATH")].clone(), pvc);
+        }
+    }
+    for m in ctr.volume_mounts.clone().unwrap() {
+        let dir = map(&m.mount_path);
+        std::fs::create_dir_all(&dir).unwrap();
+        let vol = spec
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == m.name)
+            .unwrap_or_else(|| panic!("mount {} names no pod volume", m.name));
+        assert_eq!(m.read_only, Some(true), "mount {} is read-only", m.name);
+        let files: BTreeMap<String, Vec<u8>> = if let Some(sec) = &vol.secret {
+            let s = get_secret(c, ns, sec.secret_name.as_deref().unwrap())
+                .await
+                .unwrap_or_else(|| panic!("Secret of volume {}", m.name));
+            s.data.unwrap().into_iter().map(|(k, v)| (k, v.0)).collect()
+        } else if let Some(cm) = &vol.config_map {
+            assert_eq!(
+                m.mount_path, "/manifest_data",
+                "the server reads the manifest data where the pod mounts it"
+            );
+            envs.insert(
+                "MANIFEST_DATA_DIR".into(),
+                dir.to_string_lossy().into_owned(),
+            );
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.clone(), ns)
+                .get(&cm.name)
+                .await
+                .unwrap()
+                .data
+                .unwrap()
+                .into_iter()
+                .map(|(k, v)| (k, v.into_bytes()))
+                .collect()
+        } else if vol.persistent_volume_claim.is_some() {
+            let path = dir.to_string_lossy().into_owned();
+            match raw_by_path.get(&path) {
+                Some(pvc) => BTreeMap::from([("disk.img".to_string(), bridge_image(pvc))]),
+                None => {
+                    std::fs::create_dir_all(dir.join("lost+found")).unwrap();
+                    BTreeMap::from([
+                        ("a.txt".to_string(), b"archive a\n".to_vec()),
+                        ("sub/b.txt".to_string(), b"archive b\n".to_vec()),
+                    ])
+                }
+            }
+        } else {
+            panic!("unexpected volume kind for mount {}", m.name)
+        };
+        for (k, v) in files {
+            let f = dir.join(k);
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(f, v).unwrap();
+        }
+    }
+    assert!(
+        ctr.volume_devices.is_none(),
+        "the bridge maps filesystem volumes only"
+    );
+    let ca = root.join("bridge-ca.crt");
+    let cert_secret = spec
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == "certificates")
+        .and_then(|v| v.secret.as_ref()?.secret_name.clone())
+        .unwrap();
     std::fs::write(
-        Path::new(&map("/export-volumes/v0-disk")).join("disk.img"),
-        &image,
+        &ca,
+        data(&get_secret(c, ns, &cert_secret).await.unwrap(), "ca.crt"),
     )
     .unwrap();
-    std::fs::create_dir_all(map("/cert")).unwrap();
-    std::fs::create_dir_all(map("/token")).unwrap();
-    std::fs::write(map("/cert/tls.crt"), data(cert, "tls.crt")).unwrap();
-    std::fs::write(map("/cert/tls.key"), data(cert, "tls.key")).unwrap();
-    std::fs::write(root.join("ca.crt"), data(cert, "ca.crt")).unwrap();
-    std::fs::write(map("/token/token"), token).unwrap();
     let port = free_port();
     envs.insert("LISTEN_ADDR".into(), format!("127.0.0.1:{port}"));
     envs.insert("METRICS_ADDR".into(), format!("127.0.0.1:{}", free_port()));
     assert_eq!(ctr.command.as_deref(), Some(&["ucm".to_string()][..]));
+    let log = root.join("server.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_ucm"))
         .args(ctr.args.clone().unwrap())
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(&envs)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let t0 = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
-            "export server did not start"
+            "export server did not start: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    for url in urls {
+    let curl = |url: &str| {
         let host = url
             .trim_start_matches("https://")
             .split('/')
@@ -377,9 +482,9 @@ async fn bridge(pod: &Pod, cert: &Secret, token: &str, urls: &[String]) {
             .to_string();
         let out = Command::new("curl")
             .args([
-                "-sSf",
+                "-sSfL",
                 "--cacert",
-                root.join("ca.crt").to_str().unwrap(),
+                ca.to_str().unwrap(),
                 "--connect-to",
                 &format!("{host}:443:127.0.0.1:{port}"),
                 "-H",
@@ -393,30 +498,70 @@ async fn bridge(pod: &Pod, cert: &Secret, token: &str, urls: &[String]) {
             "{url}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        out.stdout
+    };
+    let pipe = |cmd: &str, args: &[&str], input: Vec<u8>| {
+        let mut p = Command::new(cmd)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = p.stdin.take().unwrap();
+        let feeder = std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = stdin.write_all(&input);
+        });
+        let out = p.wait_with_output().unwrap();
+        feeder.join().unwrap();
+        assert!(out.status.success(), "{cmd} {args:?} failed");
+        out.stdout
+    };
+    let mut bodies = BTreeMap::new();
+    for url in urls {
+        let body = curl(url);
+        let pvc = url
+            .split("/volumes/")
+            .nth(1)
+            .map(|r| r.split('/').next().unwrap());
         if url.ends_with("/disk.img") {
-            assert_eq!(out.stdout, image);
-        } else if url.ends_with(".gz") {
-            let mut gz = Command::new("gzip")
-                .arg("-dc")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut stdin = gz.stdin.take().unwrap();
-            let body = out.stdout.clone();
-            let feeder = std::thread::spawn(move || {
-                use std::io::Write;
-                let _ = stdin.write_all(&body);
-            });
-            let plain = gz.wait_with_output().unwrap().stdout;
-            feeder.join().unwrap();
-            assert_eq!(plain, image);
+            assert_eq!(body, bridge_image(pvc.unwrap()), "{url}");
+        } else if url.ends_with("/disk.img.gz") {
+            assert_eq!(
+                pipe("gzip", &["-dc"], body.clone()),
+                bridge_image(pvc.unwrap()),
+                "{url}"
+            );
+        } else if url.ends_with("/disk.tar.gz") {
+            let list = String::from_utf8(pipe("tar", &["-tzf", "-"], body.clone())).unwrap();
+            assert!(
+                list.contains("./a.txt")
+                    && list.contains("./sub/b.txt")
+                    && !list.contains("lost+found"),
+                "{url}: {list}"
+            );
+        } else if url.ends_with("/dir") {
+            let listing = String::from_utf8_lossy(&body).into_owned();
+            assert!(
+                listing.contains("a.txt")
+                    && listing.contains("sub/")
+                    && !listing.contains("lost+found"),
+                "{url}: {listing}"
+            );
+            assert_eq!(curl(&format!("{url}/sub/b.txt")), b"archive b\n");
+        } else if url.ends_with("/manifests/secret") {
+            assert!(String::from_utf8_lossy(&body).contains(token), "{url}");
+        } else if url.ends_with("/manifests/all") {
+            let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(list["kind"], "List", "{url}");
         } else {
-            assert!(String::from_utf8_lossy(&out.stdout).contains(token));
+            panic!("unexpected link {url}");
         }
+        bodies.insert(url.clone(), body);
     }
     let _ = child.kill();
     let _ = child.wait();
+    bodies
 }
 
 #[tokio::test]
@@ -555,11 +700,10 @@ async fn e10_e12_e16_validation_unsupported_and_alpha() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("ttlDuration"), "{err}");
-    assert!(
-        create_export(&c, &ns, "bad", pvc_source("a"), Some("soon"))
-            .await
-            .is_err()
-    );
+    let err = create_export(&c, &ns, "bad", pvc_source("a"), Some("soon"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("ttlDuration"), "{err}");
     assert!(
         create_export(
             &c,
@@ -589,6 +733,28 @@ async fn e10_e12_e16_validation_unsupported_and_alpha() {
             ready_reason(&wait_phase(&c, &ns, n, "Skipped", "UnsupportedSource").await);
         assert!(msg.contains("supported sources are"), "{msg}");
     }
+
+    // `dot.x` and `dot-x` map to one Service name: the second export must not borrow it
+    create_export(&c, &ns, "dot.x", pvc_source("a"), None)
+        .await
+        .unwrap();
+    eventually(WAIT, "the Service of dot.x", || async {
+        Api::<Service>::namespaced(c.clone(), &ns)
+            .get_opt("virt-export-dot-x")
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    create_export(&c, &ns, "dot-x", pvc_source("a"), None)
+        .await
+        .unwrap();
+    let (_, _, msg) =
+        ready_reason(&wait_phase(&c, &ns, "dot-x", "Pending", "ObjectCreationFailed").await);
+    assert!(
+        msg.contains("virt-export-dot-x") && msg.contains("dot.x"),
+        "{msg}"
+    );
 
     // v1alpha1 in, v1beta1 out
     let ar = ApiResource {
@@ -766,6 +932,29 @@ async fn e4_e8_e18_pause_pod_lifecycle_and_phase_metric() {
         get_secret(&c, &ns, "export-token-p")
             .await
             .is_some_and(|s| s.metadata.uid != old.metadata.uid)
+    })
+    .await;
+    // ... so are a deleted serving-certificate Secret and a deleted pod
+    let old = get_secret(&c, &ns, "export-cert-p").await.unwrap();
+    Api::<Secret>::namespaced(c.clone(), &ns)
+        .delete("export-cert-p", &Default::default())
+        .await
+        .unwrap();
+    eventually(WAIT, "the cert Secret to be recreated", || async {
+        get_secret(&c, &ns, "export-cert-p")
+            .await
+            .is_some_and(|s| s.metadata.uid != old.metadata.uid && !data(&s, "tls.crt").is_empty())
+    })
+    .await;
+    let uid = pod_uid(&c, &ns, "virt-export-p").await.unwrap();
+    Api::<Pod>::namespaced(c.clone(), &ns)
+        .delete("virt-export-p", &Default::default())
+        .await
+        .unwrap();
+    eventually(WAIT, "a new export pod after deletion", || async {
+        pod_uid(&c, &ns, "virt-export-p")
+            .await
+            .is_some_and(|u| u != uid)
     })
     .await;
 }
@@ -1384,4 +1573,467 @@ async fn e11_without_kubevirt_crds_then_installed() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// A stand-in for KubeVirt's virt-api behind the API server's aggregation layer (APIService
+/// `v1.subresources.kubevirt.io` → an ExternalName Service → this HTTPS server on localhost).
+/// It expands a VM as virt-api would for a `u1.small` instancetype: the reference goes, the
+/// CPU and memory it stands for go into the template. A VM named `broken` gets a 500.
+struct FakeVirtApi {
+    port: u16,
+    calls: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: tokio_util::sync::CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for FakeVirtApi {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn expand_like_virt_api(mut vm: serde_json::Value) -> serde_json::Value {
+    let spec = vm["spec"].as_object_mut().unwrap();
+    spec.remove("instancetype");
+    spec.remove("preference");
+    let domain = &mut vm["spec"]["template"]["spec"]["domain"];
+    domain["cpu"] = json!({"sockets": 1, "cores": 2, "threads": 1});
+    domain["memory"] = json!({"guest": "2Gi"});
+    vm
+}
+
+async fn fake_virt_api_response(
+    c: Client,
+    req: http::Request<hyper::body::Incoming>,
+) -> http::Response<http_body_util::Full<bytes::Bytes>> {
+    use http_body_util::BodyExt;
+    let reply = |code: u16, body: serde_json::Value| {
+        http::Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_string(),
+            )))
+            .unwrap()
+    };
+    let status = |code: u16, msg: &str| json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "message": msg});
+    let path = req.uri().path().to_string();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match (req.method().as_str(), parts.as_slice()) {
+        ("GET", ["apis", "subresources.kubevirt.io", "v1"]) => reply(
+            200,
+            json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "subresources.kubevirt.io/v1",
+                "resources": [
+                    {"name": "virtualmachines/expand-spec", "singularName": "", "namespaced": true, "kind": "VirtualMachine", "verbs": ["get"]},
+                    {"name": "expand-vm-spec", "singularName": "", "namespaced": true, "kind": "VirtualMachine", "verbs": ["update"]}]}),
+        ),
+        (
+            "GET",
+            [
+                "apis",
+                "subresources.kubevirt.io",
+                "v1",
+                "namespaces",
+                ns,
+                "virtualmachines",
+                name,
+                "expand-spec",
+            ],
+        ) => {
+            if *name == "broken" {
+                return reply(500, status(500, "instancetype u1.large not found"));
+            }
+            let vms = Api::<DynamicObject>::namespaced_with(
+                c,
+                ns,
+                &kv("VirtualMachine", "virtualmachines"),
+            );
+            match vms.get_opt(name).await {
+                Ok(Some(vm)) => reply(200, expand_like_virt_api(serde_json::to_value(vm).unwrap())),
+                _ => reply(404, status(404, "virtualmachine not found")),
+            }
+        }
+        (
+            "PUT",
+            [
+                "apis",
+                "subresources.kubevirt.io",
+                "v1",
+                "namespaces",
+                _ns,
+                "expand-vm-spec",
+            ],
+        ) => {
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            match serde_json::from_slice::<serde_json::Value>(&body) {
+                Ok(vm) if vm["kind"] == "VirtualMachine" => reply(200, expand_like_virt_api(vm)),
+                _ => reply(400, status(400, "the body is not a VirtualMachine")),
+            }
+        }
+        _ => reply(404, status(404, "not found")),
+    }
+}
+
+impl FakeVirtApi {
+    async fn start(c: Client) -> FakeVirtApi {
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        let dir = tempfile::tempdir().unwrap();
+        let now = jiff::Timestamp::now();
+        let ca = ucm::vmexport::certs::new_ca(now).unwrap();
+        let pem = ucm::vmexport::certs::issue_serving(
+            &ca,
+            "virt-api",
+            "kubevirt",
+            now,
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+        let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&crt, &pem.cert).unwrap();
+        std::fs::write(&key, &pem.key).unwrap();
+        let tls = ucm::vmexport::server::tls::server_config(&crt, &key, None, None).unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (calls2, stop2) = (calls.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = tokio::select! {
+                    _ = stop2.cancelled() => return,
+                    a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
+                };
+                let (acceptor, c, calls) = (acceptor.clone(), c.clone(), calls2.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let svc = hyper::service::service_fn(move |req: http::Request<_>| {
+                        calls.lock().unwrap().push(format!(
+                            "{} {}",
+                            req.method(),
+                            req.uri().path()
+                        ));
+                        let c = c.clone();
+                        async move {
+                            Ok::<_, std::convert::Infallible>(fake_virt_api_response(c, req).await)
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+        FakeVirtApi {
+            port,
+            calls,
+            stop,
+            _dir: dir,
+        }
+    }
+
+    fn called(&self, call: &str) -> bool {
+        self.calls.lock().unwrap().iter().any(|c| c == call)
+    }
+}
+
+/// The APIService is cluster-wide: it goes away with this guard (also when the test fails), so
+/// the shared control plane's discovery never points at a stopped server.
+struct ApiServiceGuard {
+    kubeconfig: std::path::PathBuf,
+}
+
+impl Drop for ApiServiceGuard {
+    fn drop(&mut self) {
+        let (ok, out) = kubectl(
+            &self.kubeconfig,
+            &[
+                "delete",
+                "apiservice",
+                "v1.subresources.kubevirt.io",
+                "--ignore-not-found",
+                "--wait=true",
+            ],
+            None,
+        );
+        assert!(
+            ok || std::thread::panicking(),
+            "cannot remove the APIService: {out}"
+        );
+    }
+}
+
+async fn register_fake_virt_api(env: &TestEnv, port: u16) -> ApiServiceGuard {
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "virt-api"},
+        "spec": {"type": "ExternalName", "externalName": "localhost"},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let guard = ApiServiceGuard {
+        kubeconfig: env.kubeconfig.clone(),
+    };
+    let apisvc = json!({
+        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+        "metadata": {"name": "v1.subresources.kubevirt.io"},
+        "spec": {"group": "subresources.kubevirt.io", "version": "v1",
+            "groupPriorityMinimum": 1000, "versionPriority": 15, "insecureSkipTLSVerify": true,
+            "service": {"namespace": env.ns, "name": "virt-api", "port": port}},
+    });
+    let (ok, out) = kubectl(
+        &env.kubeconfig,
+        &["apply", "-f", "-"],
+        Some(&apisvc.to_string()),
+    );
+    assert!(ok, "APIService: {out}");
+    eventually(
+        WAIT,
+        "the fake virt-api APIService to be Available",
+        || async {
+            let (_, out) = kubectl(
+                &env.kubeconfig,
+                &[
+                    "get",
+                    "apiservice",
+                    "v1.subresources.kubevirt.io",
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+                ],
+                None,
+            );
+            out.trim() == "True"
+        },
+    )
+    .await;
+    guard
+}
+
+fn pod_env(p: &Pod) -> BTreeMap<String, String> {
+    p.spec.as_ref().unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| Some((e.name, e.value?)))
+        .collect()
+}
+
+async fn manifest_vm(c: &Client, ns: &str, export: &str) -> serde_json::Value {
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.clone(), ns)
+        .get(&format!("exporter-vm-manifest-{export}"))
+        .await
+        .unwrap();
+    serde_json::from_str(&cm.data.unwrap()["virtualmachine-manifest"]).unwrap()
+}
+
+fn manifest_types(e: &VirtualMachineExport) -> Vec<String> {
+    e.status
+        .clone()
+        .unwrap()
+        .links
+        .unwrap()
+        .internal
+        .unwrap()
+        .manifests
+        .unwrap()
+        .into_iter()
+        .map(|m| m.type_)
+        .collect()
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e19_instancetypes_expanded_by_kubevirt_for_the_all_manifest() {
+    let env = TestEnv::new("vmx-e19").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    install_kubevirt_crds(&c).await;
+    for (g, v, k, p) in [
+        (
+            "snapshot.kubevirt.io",
+            "v1beta1",
+            "VirtualMachineSnapshot",
+            "virtualmachinesnapshots",
+        ),
+        (
+            "snapshot.kubevirt.io",
+            "v1beta1",
+            "VirtualMachineSnapshotContent",
+            "virtualmachinesnapshotcontents",
+        ),
+        (
+            "snapshot.storage.k8s.io",
+            "v1",
+            "VolumeSnapshot",
+            "volumesnapshots",
+        ),
+    ] {
+        install_crd(&c, g, v, k, p).await;
+    }
+    let fake = FakeVirtApi::start(c.clone()).await;
+    let _apiservice = register_fake_virt_api(&env, fake.port).await;
+    let m = manager(&env);
+    m.wait_ready().await;
+    create_pvc(&c, &ns, "rootdisk", Some("kubevirt"), false).await;
+    create_pvc(&c, &ns, "data", None, false).await;
+    let vms = Api::<DynamicObject>::namespaced_with(
+        c.clone(),
+        &ns,
+        &kv("VirtualMachine", "virtualmachines"),
+    );
+    for (name, it) in [("it", "u1.small"), ("broken", "u1.large")] {
+        create_dyn(&vms, json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
+            "spec": {"runStrategy": "Halted",
+                "instancetype": {"kind": "VirtualMachineClusterInstancetype", "name": it},
+                "preference": {"kind": "VirtualMachineClusterPreference", "name": "fedora"},
+                "template": {"spec": {"domain": {"devices": {}}, "volumes": [
+                    {"name": "root", "persistentVolumeClaim": {"claimName": "rootdisk"}},
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}}})).await;
+    }
+    let vm_source =
+        |n: &str| json!({"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": n});
+    create_export(&c, &ns, "itx", vm_source("it"), None)
+        .await
+        .unwrap();
+    create_export(&c, &ns, "brk", vm_source("broken"), None)
+        .await
+        .unwrap();
+    wait_phase(&c, &ns, "itx", "Pending", "PodPending").await;
+    wait_phase(&c, &ns, "brk", "Pending", "PodPending").await;
+
+    // a live VM is expanded by name; the manifest holds the expanded spec
+    assert!(fake.called(&format!(
+        "GET /apis/subresources.kubevirt.io/v1/namespaces/{ns}/virtualmachines/it/expand-spec"
+    )));
+    let vm = manifest_vm(&c, &ns, "itx").await;
+    assert!(
+        vm["spec"].get("instancetype").is_none() && vm["spec"].get("preference").is_none(),
+        "{vm}"
+    );
+    assert_eq!(vm["spec"]["template"]["spec"]["domain"]["cpu"]["cores"], 2);
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
+    let itx_pod = pods.get("virt-export-itx").await.unwrap();
+    assert_eq!(
+        pod_env(&itx_pod)
+            .get("EXPORT_VM_DEF_URI")
+            .map(String::as_str),
+        Some("/manifests/all")
+    );
+
+    // expand-spec failing: a Warning event, and the export goes on without the all manifest
+    eventually(WAIT, "a ManifestFailed event", || async {
+        has_event(&c, &ns, "ManifestFailed").await
+    })
+    .await;
+    let brk_pod = pods.get("virt-export-brk").await.unwrap();
+    assert!(!pod_env(&brk_pod).contains_key("EXPORT_VM_DEF_URI"));
+    assert!(
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.clone(), &ns)
+            .get_opt("exporter-vm-manifest-brk")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    mark_pod(&c, &ns, "virt-export-itx", "Running", true).await;
+    mark_pod(&c, &ns, "virt-export-brk", "Running", true).await;
+    let itx = wait_phase(&c, &ns, "itx", "Ready", "PodReady").await;
+    let brk = wait_phase(&c, &ns, "brk", "Ready", "PodReady").await;
+    assert_eq!(manifest_types(&itx), ["all", "auth-header-secret"]);
+    assert_eq!(manifest_types(&brk), ["auth-header-secret"]);
+
+    // the pod runs as written and serves the expanded VM in the all manifest
+    let tok = String::from_utf8(data(
+        &get_secret(&c, &ns, "export-token-itx").await.unwrap(),
+        "token",
+    ))
+    .unwrap();
+    let bodies = bridge(&c, &ns, &itx_pod, &tok, &int_urls(&itx)).await;
+    let all: serde_json::Value = serde_json::from_slice(
+        &bodies[&format!("https://virt-export-itx.{ns}.svc/internal/manifests/all")],
+    )
+    .unwrap();
+    let kinds: Vec<&str> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["ConfigMap", "VirtualMachine", "DataVolume", "DataVolume"]
+    );
+    let served_vm = &all["items"][1];
+    assert!(
+        served_vm["spec"].get("instancetype").is_none(),
+        "{served_vm}"
+    );
+    assert_eq!(
+        served_vm["spec"]["template"]["spec"]["domain"]["memory"]["guest"],
+        "2Gi"
+    );
+
+    // a snapshot's copy of the VM is expanded from the body (the live VM may differ or be gone)
+    let snaps = dynapi(
+        &c,
+        &ns,
+        "snapshot.kubevirt.io",
+        "v1beta1",
+        "VirtualMachineSnapshot",
+        "virtualmachinesnapshots",
+    );
+    let contents = dynapi(
+        &c,
+        &ns,
+        "snapshot.kubevirt.io",
+        "v1beta1",
+        "VirtualMachineSnapshotContent",
+        "virtualmachinesnapshotcontents",
+    );
+    let vss = dynapi(
+        &c,
+        &ns,
+        "snapshot.storage.k8s.io",
+        "v1",
+        "VolumeSnapshot",
+        "volumesnapshots",
+    );
+    create_dyn(&vss, json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+        "metadata": {"name": "vs-root"}, "spec": {"source": {"persistentVolumeClaimName": "rootdisk"}},
+        "status": {"restoreSize": "1Gi", "readyToUse": true}})).await;
+    create_dyn(&contents, json!({"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshotContent",
+        "metadata": {"name": "content-it"},
+        "spec": {
+            "source": {"virtualMachine": {"metadata": {"name": "it-then"}, "spec": {
+                "instancetype": {"kind": "VirtualMachineClusterInstancetype", "name": "u1.small", "revisionName": "it-u1.small-1"},
+                "template": {"spec": {"domain": {}, "volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": "rootdisk"}}]}}}}},
+            "volumeBackups": [{"volumeName": "root", "volumeSnapshotName": "vs-root", "persistentVolumeClaim": {
+                "metadata": {"name": "rootdisk"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeMode": "Filesystem", "storageClassName": "none"}}}],
+        },
+        "status": {"volumeSnapshotStatus": [{"volumeSnapshotName": "vs-root"}]}})).await;
+    create_dyn(&snaps, json!({"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
+        "metadata": {"name": "snap-it"}, "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "it-then"}},
+        "status": {"readyToUse": true, "virtualMachineSnapshotContentName": "content-it"}})).await;
+    create_export(&c, &ns, "six", json!({"apiGroup": "snapshot.kubevirt.io", "kind": "VirtualMachineSnapshot", "name": "snap-it"}), None)
+        .await
+        .unwrap();
+    wait_phase(&c, &ns, "six", "Pending", "PodPending").await;
+    assert!(fake.called(&format!(
+        "PUT /apis/subresources.kubevirt.io/v1/namespaces/{ns}/expand-vm-spec"
+    )));
+    let vm = manifest_vm(&c, &ns, "six").await;
+    assert!(vm["spec"].get("instancetype").is_none(), "{vm}");
+    assert_eq!(vm["metadata"]["name"], "it-then");
+    assert_eq!(vm["spec"]["template"]["spec"]["domain"]["cpu"]["cores"], 2);
+    assert_eq!(
+        pod_env(&pods.get("virt-export-six").await.unwrap())
+            .get("EXPORT_VM_DEF_URI")
+            .map(String::as_str),
+        Some("/manifests/all")
+    );
 }

@@ -105,7 +105,12 @@ fn start_with(extra: &[(&str, String)], volumes: Option<Vec<(String, String)>>) 
     fs::write(root.join("cert/tls.key"), &srv.key).unwrap();
     fs::write(root.join("token/token"), TOKEN).unwrap();
     let vols = volumes.unwrap_or_else(|| fixtures(root));
-    let port = free_port();
+    // A LISTEN_ADDR in `extra` (applied after the default below) names the port.
+    let port = extra
+        .iter()
+        .find(|(k, _)| *k == "LISTEN_ADDR")
+        .map(|(_, v)| v.rsplit(':').next().unwrap().parse().unwrap())
+        .unwrap_or_else(free_port);
     let log = root.join("server.log");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ucm"));
     cmd.arg("export-server")
@@ -868,4 +873,38 @@ fn s12_block_device_raw_and_gzip() {
         &s.url("/volumes/blk/disk.img"),
     ]);
     assert_eq!(r.stdout, &data[4096..8192]);
+}
+
+#[test]
+fn s13_default_listen_address_is_dual_stack() {
+    // The pod leaves LISTEN_ADDR unset: `:8443`, every address of both families, as in Go.
+    let port = free_port();
+    let s = start_with(&[("LISTEN_ADDR", format!(":{port}"))], None);
+    let want = fs::read(s.root().join("export-volumes/v0-disk/disk.img")).unwrap();
+    assert_eq!(s.get("/volumes/disk/disk.img"), want, "over IPv4");
+    let ca = s.root().join("ca.crt");
+    let out = Command::new("curl")
+        .args([
+            "-sSf",
+            "--cacert",
+            ca.to_str().unwrap(),
+            "--resolve",
+            &format!("{SVC}.{NS}.svc:{port}:[::1]"),
+            "-H",
+            &hdr(),
+            &s.url("/volumes/disk/disk.img"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "over IPv6: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, want, "over IPv6");
+    assert!(
+        s.log_text().contains(&format!("[::]:{port}")),
+        "{}",
+        s.log_text()
+    );
 }

@@ -361,24 +361,27 @@ async fn act(snap: &MiroirSnapshot, d: Decision, ctx: &Context) -> Result<Action
             &conds,
         )),
         Step::Publish {
-            round: at,
             size_bytes,
             source_formatted,
             slots,
+            ..
         } => Some(round::publish_patch(
             &uid,
-            at,
+            r.suspended_at,
+            &rv,
             *size_bytes,
             *source_formatted,
             slots,
             &conds,
         )),
-        Step::Void {
-            round: at,
+        Step::Void { stamp, diskful, .. } => Some(round::void_patch(
+            &uid,
+            r.suspended_at,
+            &rv,
             stamp,
             diskful,
-            ..
-        } => Some(round::void_patch(&uid, at, stamp, diskful, &conds)),
+            &conds,
+        )),
     };
     if let Some(p) = patch {
         let p = to_patch(p)?;

@@ -212,16 +212,29 @@ pub fn open_patch(
     Value::Array(ops)
 }
 
-/// Publish a round in one fenced write (spec §5.4.2).
+/// The fence of a write to an open round: its `suspendedAt`, or, for a round whose stamp is
+/// missing (row 8 voids it as expired), the resourceVersion, as `open_patch` does. A test on
+/// the absent field would always fail and leave such a round suspended forever (found by the
+/// `snapshot_round` fuzz target).
+fn open_round_tests(uid: &str, round: Option<&str>, resource_version: &str) -> Vec<Value> {
+    let mut ops = round_tests(uid, true, round);
+    if round.is_none() {
+        ops.push(test("/metadata/resourceVersion", json!(resource_version)));
+    }
+    ops
+}
+
+/// Publish a round in one fenced write (spec §5.4.2). `round` is the observed `suspendedAt`.
 pub fn publish_patch(
     uid: &str,
-    round: &str,
+    round: Option<&str>,
+    resource_version: &str,
     size_bytes: i64,
     source_formatted: bool,
     slots: &BTreeMap<String, SlotState>,
     conditions: &[Condition],
 ) -> Value {
-    let mut ops = round_tests(uid, true, Some(round));
+    let mut ops = open_round_tests(uid, round, resource_version);
     ops.push(add(&status_path("ioSuspended"), json!(false)));
     ops.push(add(&status_path("readyToUse"), json!(true)));
     ops.push(add(&status_path("sizeBytes"), json!(size_bytes)));
@@ -237,15 +250,16 @@ pub fn publish_patch(
     Value::Array(ops)
 }
 
-/// Void a round (spec §5.4.3).
+/// Void a round (spec §5.4.3). `round` is the observed `suspendedAt`.
 pub fn void_patch(
     uid: &str,
-    round: &str,
+    round: Option<&str>,
+    resource_version: &str,
     stamp: &str,
     diskful: &[String],
     conditions: &[Condition],
 ) -> Value {
-    let mut ops = round_tests(uid, true, Some(round));
+    let mut ops = open_round_tests(uid, round, resource_version);
     ops.push(add(&status_path("ioSuspended"), json!(false)));
     ops.push(add(&status_path("suspendedAt"), json!(stamp)));
     ops.push(add(&status_path("perNode"), pending_slots(diskful)));
@@ -438,7 +452,15 @@ mod tests {
         let doc = json!({"metadata": {"uid": "u"}, "status": {
             "readyToUse": false, "ioSuspended": true, "suspendedAt": "2025-03-01T10:00:31Z",
             "perNode": {"a": "Done", "b": "Done", "client": "Suspended"}}});
-        let pubp = publish_patch("u", "2025-03-01T10:00:31Z", 1 << 20, true, &slots, &[]);
+        let pubp = publish_patch(
+            "u",
+            Some("2025-03-01T10:00:31Z"),
+            "9",
+            1 << 20,
+            true,
+            &slots,
+            &[],
+        );
         let mut d = doc.clone();
         apply(&mut d, pubp).unwrap();
         assert_eq!(d["status"]["readyToUse"], true);
@@ -448,13 +470,14 @@ mod tests {
         assert_eq!(d["status"]["perNode"], json!({"a": "Done", "b": "Done"}));
         assert_eq!(d["status"]["suspendedAt"], "2025-03-01T10:00:31Z");
 
-        let stale = publish_patch("u", "2025-03-01T09:59:00Z", 1, true, &slots, &[]);
+        let stale = publish_patch("u", Some("2025-03-01T09:59:00Z"), "9", 1, true, &slots, &[]);
         let mut d = doc.clone();
         assert!(apply(&mut d, stale).is_err());
 
         let v = void_patch(
             "u",
-            "2025-03-01T10:00:31Z",
+            Some("2025-03-01T10:00:31Z"),
+            "9",
             "2025-03-01T10:01:31Z",
             &nodes(&["a", "b"]),
             &[],
@@ -468,6 +491,27 @@ mod tests {
             d["status"]["perNode"],
             json!({"a": "Pending", "b": "Pending"})
         );
+    }
+
+    #[test]
+    fn a_round_without_its_stamp_can_still_be_voided_or_published() {
+        // ioSuspended with no suspendedAt (row 8 voids it as expired): fenced on the
+        // resourceVersion, since a test on the missing field could never pass.
+        let doc = json!({"metadata": {"uid": "u", "resourceVersion": "9"}, "status": {
+            "readyToUse": false, "ioSuspended": true, "perNode": {"a": "Pending"}}});
+        let v = void_patch("u", None, "9", "2025-03-01T10:01:31Z", &nodes(&["a"]), &[]);
+        let mut d = doc.clone();
+        apply(&mut d, v.clone()).unwrap();
+        assert_eq!(d["status"]["ioSuspended"], false);
+        assert_eq!(d["status"]["suspendedAt"], "2025-03-01T10:01:31Z");
+        let mut newer = doc.clone();
+        newer["metadata"]["resourceVersion"] = json!("10");
+        assert!(apply(&mut newer, v).is_err(), "still fenced");
+        let slots: BTreeMap<String, SlotState> = [("a".to_string(), SlotState::Done)].into();
+        let p = publish_patch("u", None, "9", 1, false, &slots, &[]);
+        let mut d = doc.clone();
+        apply(&mut d, p).unwrap();
+        assert_eq!(d["status"]["readyToUse"], true);
     }
 
     #[test]

@@ -622,6 +622,31 @@ pub fn build_service(export: &VirtualMachineExport) -> Service {
     }
 }
 
+/// Why an existing Service of this export's name cannot be used: it is controlled by another
+/// object. Upstream's naming maps `.` to `-`, so the exports `a.b` and `a-b` of one namespace
+/// share the Service name `virt-export-a-b`; the second one must not advertise links that
+/// reach the first one's server.
+pub fn service_conflict(existing: &Service, export: &VirtualMachineExport) -> Option<String> {
+    let uid = export.uid().unwrap_or_default();
+    let owner = existing
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    match owner {
+        Some(o) if o.uid == uid => None,
+        Some(o) => Some(format!(
+            "Service {} already exists and belongs to {} {}; VirtualMachineExport names that differ only in '.' and '-' share a Service name, rename this export",
+            existing.name_any(),
+            o.kind,
+            o.name
+        )),
+        None => Some(format!(
+            "Service {} already exists and is not owned by this VirtualMachineExport; delete it or rename this export",
+            existing.name_any()
+        )),
+    }
+}
+
 /// A token of `len` characters from `[0-9A-Za-z]`, uniformly: the OS CSPRNG with rejection
 /// sampling (bytes >= 248 are dropped so every symbol has the same probability).
 pub fn generate_token(len: usize) -> String {
@@ -977,8 +1002,51 @@ pub struct ManifestInput<'a> {
     pub volume_prefix: Option<String>,
 }
 
-/// The ConfigMap mounted at /manifest_data. `Err` names why the `all` manifest cannot be built
-/// (instancetypes and preferences need expand-spec, which ucm does not call yet).
+/// KubeVirt's API that expands instancetypes and preferences into a VM spec (§4).
+pub const EXPAND_API: &str = "subresources.kubevirt.io/v1";
+
+/// Whether the VM references an instancetype or a preference, which only KubeVirt can expand
+/// into the `all` manifest (§4, §13.2).
+pub fn needs_expansion(vm: &serde_json::Value) -> bool {
+    ["instancetype", "preference"]
+        .iter()
+        .any(|k| vm["spec"].get(*k).is_some_and(|v| !v.is_null()))
+}
+
+/// The expand-spec call for a source's VM (§4). A live VM is expanded by name with
+/// `GET virtualmachines/<name>/expand-spec`. A snapshot's VM is the copy in the snapshot
+/// content, which the live VM may no longer match (or no longer exist), so that copy is sent to
+/// `PUT expand-vm-spec`, KubeVirt's endpoint for expanding a VM given in the body.
+pub fn expand_request(
+    ns: &str,
+    kind: SourceKind,
+    vm_name: &str,
+    vm: &serde_json::Value,
+) -> Result<http::Request<Vec<u8>>, String> {
+    let base = format!("/apis/{EXPAND_API}/namespaces/{ns}");
+    let req = match kind {
+        SourceKind::VirtualMachine => {
+            http::Request::get(format!("{base}/virtualmachines/{vm_name}/expand-spec"))
+                .body(Vec::new())
+        }
+        _ => {
+            let mut body = vm.clone();
+            body["apiVersion"] = "kubevirt.io/v1".into();
+            body["kind"] = "VirtualMachine".into();
+            if body["metadata"]["name"].is_null() {
+                body["metadata"]["name"] = vm_name.into();
+            }
+            body["metadata"]["namespace"] = ns.into();
+            http::Request::put(format!("{base}/expand-vm-spec"))
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(body.to_string().into_bytes())
+        }
+    };
+    req.map_err(|e| format!("cannot build the expand-spec request: {e}"))
+}
+
+/// The ConfigMap mounted at /manifest_data, from a VM whose instancetypes and preferences are
+/// already expanded. `Err` names why the `all` manifest cannot be built.
 pub fn build_manifest_configmap(
     m: &ManifestInput<'_>,
 ) -> Result<k8s_openapi::api::core::v1::ConfigMap, String> {
@@ -986,11 +1054,10 @@ pub fn build_manifest_configmap(
     let export = m.export;
     let name = export.name_any();
     let ns = export.namespace().unwrap_or_default();
-    if m.vm["spec"].get("instancetype").is_some() || m.vm["spec"].get("preference").is_some() {
-        return Err(
-            "the VirtualMachine references an instancetype or preference, which needs expand-spec; the all manifest is not offered"
-                .into(),
-        );
+    if needs_expansion(m.vm) {
+        return Err(format!(
+            "the VirtualMachine still references an instancetype or preference after {EXPAND_API} expand-spec; the all manifest is not offered"
+        ));
     }
     let meta = &m.vm["metadata"];
     let mut clean_meta = serde_json::Map::new();

@@ -795,7 +795,7 @@ fn manifest_configmap_cleans_the_vm_and_adds_datavolumes() {
         dv["spec"]["storage"]["resources"]["requests"]["storage"],
         "5Gi"
     );
-    // instancetypes need expand-spec
+    // instancetypes must be expanded first
     let mut it = vm.clone();
     it["spec"]["instancetype"] = serde_json::json!({"name": "u1.small"});
     assert!(
@@ -810,4 +810,69 @@ fn manifest_configmap_cleans_the_vm_and_adds_datavolumes() {
         })
         .is_err()
     );
+}
+
+#[test]
+fn expand_spec_only_for_instancetypes_and_preferences() {
+    let plain = serde_json::json!({"spec": {"template": {"spec": {}}}});
+    assert!(!needs_expansion(&plain));
+    let mut it = plain.clone();
+    it["spec"]["instancetype"] = serde_json::json!({"name": "u1.small"});
+    assert!(needs_expansion(&it));
+    let mut pref = plain.clone();
+    pref["spec"]["preference"] = serde_json::json!({"name": "fedora"});
+    assert!(needs_expansion(&pref));
+    let mut null = plain.clone();
+    null["spec"]["instancetype"] = serde_json::Value::Null;
+    assert!(!needs_expansion(&null));
+}
+
+#[test]
+fn expand_request_by_name_for_vms_and_by_body_for_snapshots() {
+    let vm = serde_json::json!({"metadata": {"name": "vm1"}, "spec": {"instancetype": {"name": "u1.small", "revisionName": "r1"}}});
+    let r = expand_request("ns1", SourceKind::VirtualMachine, "vm1", &vm).unwrap();
+    assert_eq!(r.method(), http::Method::GET);
+    assert_eq!(
+        r.uri().path(),
+        "/apis/subresources.kubevirt.io/v1/namespaces/ns1/virtualmachines/vm1/expand-spec"
+    );
+    assert!(r.body().is_empty());
+    // a snapshot's copy carries no apiVersion/kind; the endpoint needs a whole object
+    let copy =
+        serde_json::json!({"spec": {"instancetype": {"name": "u1.small", "revisionName": "r1"}}});
+    let r = expand_request("ns1", SourceKind::VirtualMachineSnapshot, "vm1", &copy).unwrap();
+    assert_eq!(r.method(), http::Method::PUT);
+    assert_eq!(
+        r.uri().path(),
+        "/apis/subresources.kubevirt.io/v1/namespaces/ns1/expand-vm-spec"
+    );
+    let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+    assert_eq!(body["apiVersion"], "kubevirt.io/v1");
+    assert_eq!(body["kind"], "VirtualMachine");
+    assert_eq!(body["metadata"]["name"], "vm1");
+    assert_eq!(body["metadata"]["namespace"], "ns1");
+    assert_eq!(body["spec"], copy["spec"], "the spec is sent as captured");
+}
+
+#[test]
+fn a_service_of_another_export_is_a_conflict() {
+    // `a.b` and `a-b` map to the same Service name (upstream's naming).
+    let mut first = export("a.b");
+    first.metadata.uid = Some("uid-first".into());
+    let mut second = export("a-b");
+    second.metadata.uid = Some("uid-second".into());
+    assert_eq!(
+        crate::vmexport::naming::service_name("a.b"),
+        crate::vmexport::naming::service_name("a-b")
+    );
+    let svc = build_service(&first);
+    assert_eq!(service_conflict(&svc, &first), None);
+    let msg = service_conflict(&svc, &second).unwrap();
+    assert!(
+        msg.contains("virt-export-a-b") && msg.contains("a.b"),
+        "{msg}"
+    );
+    let mut orphan = svc.clone();
+    orphan.metadata.owner_references = None;
+    assert!(service_conflict(&orphan, &first).is_some());
 }

@@ -24,9 +24,18 @@ pub(super) async fn ensure_manifest(
     volumes: &[ExportVolume],
 ) -> Result<bool, String> {
     let ns = export.namespace().unwrap_or_default();
-    let Some(vm) = source_vm(ctx, export, kind) else {
+    let Some(mut vm) = source_vm(ctx, export, kind) else {
         return Ok(false);
     };
+    if needs_expansion(&vm) {
+        match expand_vm(ctx, &ns, kind, &export.spec.source.name, &vm).await {
+            Ok(expanded) => vm = expanded,
+            Err(msg) => {
+                manifest_failed(ctx, export, msg).await;
+                return Ok(false);
+            }
+        }
+    }
     let mut sizes = BTreeMap::new();
     for v in volumes {
         if let Some(p) = ctx.pvcs.get(&ObjectRef::new(&v.pvc).within(&ns))
@@ -62,15 +71,7 @@ pub(super) async fn ensure_manifest(
     let desired = match build_manifest_configmap(&input) {
         Ok(cm) => cm,
         Err(msg) => {
-            ctx.writer
-                .event(
-                    &object_ref(export),
-                    EventType::Warning,
-                    "ManifestFailed",
-                    "Create",
-                    msg,
-                )
-                .await;
+            manifest_failed(ctx, export, msg).await;
             return Ok(false);
         }
     };
@@ -100,6 +101,44 @@ pub(super) async fn ensure_manifest(
     Ok(true)
 }
 
+/// Warning event `ManifestFailed` (§10.3): the export goes on without the `all` manifest.
+async fn manifest_failed(ctx: &Context, export: &VirtualMachineExport, msg: String) {
+    ctx.writer
+        .event(
+            &object_ref(export),
+            EventType::Warning,
+            "ManifestFailed",
+            "Create",
+            msg,
+        )
+        .await;
+}
+
+/// The VM with its instancetype and preference expanded by KubeVirt (§4): `Err` says why not,
+/// for the `ManifestFailed` event.
+async fn expand_vm(
+    ctx: &Context,
+    ns: &str,
+    kind: SourceKind,
+    vm_name: &str,
+    vm: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let req = expand_request(ns, kind, vm_name, vm)?;
+    match ctx.client().request::<serde_json::Value>(req).await {
+        Ok(v) if v["spec"].is_object() => Ok(v),
+        Ok(_) => Err(format!(
+            "{EXPAND_API} expand-spec returned no VirtualMachine spec; the all manifest is not offered"
+        )),
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(format!(
+            "the VirtualMachine references an instancetype or preference and {EXPAND_API} expand-spec is not available ({}); install KubeVirt's virt-api to get the all manifest",
+            s.message
+        )),
+        Err(e) => Err(format!(
+            "{EXPAND_API} expand-spec failed: {e}; the all manifest is not offered"
+        )),
+    }
+}
+
 pub(super) async fn ensure_service(
     ctx: &Context,
     export: &VirtualMachineExport,
@@ -108,7 +147,10 @@ pub(super) async fn ensure_service(
     let svc = build_service(export);
     let name = svc.name_any();
     match api.get_opt(&name).await {
-        Ok(Some(_)) => Ok(()),
+        Ok(Some(existing)) => match service_conflict(&existing, export) {
+            None => Ok(()),
+            Some(msg) => Err(msg),
+        },
         Ok(None) => match ctx.writer.create(api, &svc).await {
             Ok(_) => {
                 ctx.writer
@@ -163,6 +205,21 @@ pub(super) async fn ensure_token(
                 Err(e) => Err(format!("Secret {name}: {e}")),
             }
         }
+        Err(e) => Err(format!("Secret {name}: {e}")),
+    }
+}
+
+/// Issues the serving certificate only if its Secret is missing (a pod is running).
+pub(super) async fn ensure_cert_present(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    ca: &Pem,
+) -> Result<(), String> {
+    let name = naming::cert_secret_name(&export.name_any());
+    let api: Api<Secret> = Api::namespaced(ctx.client(), &export.namespace().unwrap_or_default());
+    match api.get_opt(&name).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => ensure_cert(ctx, export, ca).await.map(|_| ()),
         Err(e) => Err(format!("Secret {name}: {e}")),
     }
 }

@@ -8,6 +8,7 @@ pub mod children;
 pub mod duration;
 pub mod naming;
 pub mod optional;
+pub mod podcache;
 pub mod reconcile;
 pub mod server;
 pub mod sources;
@@ -193,6 +194,18 @@ pub fn rbac() -> Vec<PolicyRule> {
             &["kubevirt.io"],
             &["virtualmachines", "virtualmachineinstances"],
             &read,
+        ),
+        // Instancetypes and preferences for the `all` manifest (§4): a live VM by name, a
+        // snapshot's copy of the VM in the request body.
+        rule(
+            &["subresources.kubevirt.io"],
+            &["virtualmachines/expand-spec"],
+            &["get"],
+        ),
+        rule(
+            &["subresources.kubevirt.io"],
+            &["expand-vm-spec"],
+            &["update"],
         ),
         rule(
             &["snapshot.kubevirt.io"],

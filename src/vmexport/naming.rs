@@ -17,7 +17,9 @@ fn fnv32a_hex(s: &str) -> String {
 /// hash inserted (library-go `GetName`). A suffix of exactly `max - 10` characters leaves no room
 /// for the base; library-go would then produce a name starting with `-`, which is no valid label,
 /// so (as upstream's golden value `v-efa2f187-…` shows) the first base character is kept and the
-/// result cut to `max`.
+/// result cut to `max`. OURS: a cut that leaves a trailing `-` or `.` (the suffix had one at
+/// that position) drops it, since a name ending so is refused by the API server (found by the
+/// `vmexport_links` fuzz target).
 pub fn get_name(base: &str, suffix: &str, max: usize) -> String {
     let name = format!("{base}-{suffix}");
     if name.len() <= max {
@@ -32,7 +34,9 @@ pub fn get_name(base: &str, suffix: &str, max: usize) -> String {
     }
     let base_len = (max - hash_len - suffix.len()).max(1).min(base.len());
     let out = format!("{}-{}-{}", &base[..base_len], fnv32a_hex(base), suffix);
-    out[..out.len().min(max)].to_string()
+    out[..out.len().min(max)]
+        .trim_end_matches(['-', '.'])
+        .to_string()
 }
 
 /// Service name: dots are not allowed in a DNS-1035 label.
@@ -123,6 +127,28 @@ mod tests {
                 assert!(!name.starts_with('-') && !name.ends_with('-'), "{name}");
             }
         }
+    }
+
+    #[test]
+    fn a_cut_never_leaves_a_trailing_separator() {
+        // 53 characters whose 52nd is a separator: the cut to 63 drops the last one.
+        for sep in ['-', '.'] {
+            let export = format!("{}{sep}z", "a".repeat(51));
+            assert_eq!(export.len(), 53);
+            for name in [
+                service_name(&export),
+                pod_name(&export),
+                token_secret_name(&export),
+                cert_secret_name(&export),
+            ] {
+                assert!(name.len() <= 63, "{name}");
+                assert!(
+                    name.ends_with(|c: char| c.is_ascii_alphanumeric()),
+                    "{name:?} ends with a separator"
+                );
+            }
+        }
+        assert!(service_name(&"a".repeat(53)).starts_with("v-efa2f187-"));
     }
 
     #[test]

@@ -12,15 +12,18 @@ use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Resource, ResourceExt};
 use prometheus::{IntCounter, IntGaugeVec, Opts};
 
 use super::build::*;
 use super::certs::{self, Pem};
-use super::children::{ensure_cert, ensure_manifest, ensure_service, ensure_token};
+use super::children::{
+    ensure_cert, ensure_cert_present, ensure_manifest, ensure_service, ensure_token,
+};
 use super::naming;
 use super::optional::{self, Kind, Optional};
+use super::podcache::{ClaimIndex, slim_pod};
 use super::sources::*;
 use super::types::{Condition, VirtualMachineExport, VirtualMachineExportStatus};
 use crate::runtime::controller::{self as rtc, Guarded};
@@ -70,7 +73,9 @@ pub struct Config {
 pub struct Context {
     pub writer: Writer,
     pub cfg: Config,
+    /// Slim Pods (podcache.rs) and their claim index.
     pub pods: Store<Pod>,
+    pub claims: Arc<ClaimIndex>,
     pub pvcs: Store<PersistentVolumeClaim>,
     pub optional: Arc<Optional>,
     ca: tokio::sync::Mutex<Option<Pem>>,
@@ -178,7 +183,7 @@ pub async fn reconcile(
     }
     // Decisions need the pod and claim caches: before their initial list an empty cache would
     // read as "claim not found" and pause a running export.
-    if !store_ready(&ctx.pods) || !store_ready(&ctx.pvcs) {
+    if !store_ready(&ctx.pods) || !ctx.claims.is_ready() || !store_ready(&ctx.pvcs) {
         return Ok(Action::requeue(Duration::from_millis(200)));
     }
     let ns = export.namespace().unwrap_or_default();
@@ -390,6 +395,18 @@ pub async fn reconcile(
                         }
                     }
                 }
+            }
+        } else if pod.is_some() && failure.is_none() {
+            // A running pod keeps its certificate; only a deleted Secret is issued again, so
+            // that the next pod (and the kubelet's remount) finds one.
+            let ca = ctx.ca().await?;
+            if let Err(msg) = ensure_cert_present(&ctx, &export, &ca).await {
+                failure = Some(condition(
+                    COND_READY,
+                    false,
+                    REASON_OBJECT_CREATION_FAILED,
+                    msg,
+                ));
             }
         }
     }
@@ -633,8 +650,26 @@ pub async fn run(rt: Runtime, cfg: Config) {
         .registry
         .register(Box::new(ttl_deletions.clone()));
 
-    let (pod_store, pod_events) =
-        rt.reflect::<Pod>("vmexport-pods", rt.watched(), watcher::Config::default());
+    // Pods: slim copies (§4.2) and the claim index, both fed by one watch.
+    let claims = Arc::new(ClaimIndex::default());
+    let (pod_store, pod_writer) = reflector::store::<Pod>();
+    let pods_synced = rt.track_synced("vmexport-pods");
+    let ix = Arc::clone(&claims);
+    let pod_events = watcher(rt.watched::<Pod>(), watcher::Config::default())
+        .default_backoff()
+        .modify(slim_pod)
+        .inspect(move |ev| {
+            if matches!(ev, Ok(watcher::Event::InitDone)) {
+                pods_synced();
+            }
+        })
+        .reflect(pod_writer)
+        .inspect(move |ev| {
+            if let Ok(ev) = ev {
+                ix.apply(ev);
+            }
+        })
+        .touched_objects();
     let (pvc_store, pvc_events) = rt.reflect::<PersistentVolumeClaim>(
         "vmexport-pvcs",
         rt.watched(),
@@ -707,6 +742,7 @@ pub async fn run(rt: Runtime, cfg: Config) {
         writer: rt.writer(CONTROLLER),
         cfg,
         pods: pod_store,
+        claims,
         pvcs: pvc_store,
         optional: optional_state,
         ca: tokio::sync::Mutex::new(None),

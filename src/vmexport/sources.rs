@@ -51,13 +51,14 @@ pub(super) fn dv_info(
 }
 
 pub(super) fn in_use_by_pod(ctx: &Context, ns: &str, claim: &str, export_uid: &str) -> bool {
-    let pods = ctx.pods.state();
-    let local: Vec<&Pod> = pods
-        .iter()
-        .filter(|p| p.namespace().as_deref() == Some(ns))
-        .map(|p| p.as_ref())
+    // The claim index names the candidates; the store holds their phase and owners.
+    let candidates: Vec<Arc<Pod>> = ctx
+        .claims
+        .pods(ns, claim)
+        .into_iter()
+        .filter_map(|p| ctx.pods.get(&ObjectRef::new(&p).within(ns)))
         .collect();
-    pvc_in_use(local, claim, export_uid).is_some()
+    pvc_in_use(candidates.iter().map(|p| p.as_ref()), claim, export_uid).is_some()
 }
 
 /// VM source (§9.2): the claims of its volumes and its backend-storage PVC, blocked while a

@@ -42,10 +42,11 @@ pub struct Config {
     pub tls_cipher_suites: Option<Vec<u16>>,
 }
 
-/// `:8443` means every interface, as Go's listeners read it.
+/// `:8443` means every address of both families, as Go's listeners read it: `[::]:8443`, which
+/// `bind_listener` opens dual-stack (IPv6-only and IPv4-only clusters both reach the Pod).
 pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
+        format!("[::]{s}")
     } else {
         s.to_string()
     };
@@ -158,13 +159,24 @@ mod tests {
     }
 
     #[test]
+    fn listen_addresses() {
+        assert_eq!(parse_addr(":8443").unwrap(), "[::]:8443".parse().unwrap());
+        assert_eq!(
+            parse_addr("127.0.0.1:9").unwrap(),
+            "127.0.0.1:9".parse().unwrap()
+        );
+        assert_eq!(parse_addr("[::1]:9").unwrap(), "[::1]:9".parse().unwrap());
+        assert!(parse_addr("8443").is_err() && parse_addr("host:1").is_err());
+    }
+
+    #[test]
     fn required_files() {
         for missing in ["CERT_FILE", "KEY_FILE", "TOKEN_FILE"] {
             let vars: Vec<_> = base().into_iter().filter(|(k, _)| k != missing).collect();
             assert!(from_env(vars).unwrap_err().contains(missing));
         }
         let c = from_env(base()).unwrap();
-        assert_eq!(c.listen, "0.0.0.0:8443".parse().unwrap());
+        assert_eq!(c.listen, "[::]:8443".parse().unwrap());
         assert_eq!(c.manifest_data_dir, PathBuf::from("/manifest_data"));
     }
 
@@ -208,7 +220,7 @@ mod tests {
         assert_eq!(c.deadline.unwrap().to_string(), "2026-01-01T02:00:00Z");
         assert_eq!(c.tls_min_version, Some(772));
         assert_eq!(c.tls_cipher_suites, Some(vec![4865, 49199]));
-        assert_eq!(c.metrics_addr, Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(c.metrics_addr, Some("[::]:8080".parse().unwrap()));
         assert_eq!(c.listen, "127.0.0.1:9443".parse().unwrap());
         assert_eq!(c.volumes[0].name, "files");
         assert!(!c.volumes[0].is_image());

@@ -11,6 +11,7 @@ pub mod ready;
 pub mod tar;
 pub mod tls;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 
 use self::config::Config;
 use self::handler::State;
@@ -57,6 +58,55 @@ async fn shutdown_signal(deadline: Option<jiff::Timestamp>) {
         _ = until_deadline => {},
         _ = sigterm => {},
         _ = tokio::signal::ctrl_c() => {},
+    }
+}
+
+/// Binds `addr`; the unspecified IPv6 address listens on both families (IPV6_V6ONLY off,
+/// whatever the host's `bindv6only` default), falling back to IPv4 on a host without IPv6.
+pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    fn bind(addr: SocketAddr, dual: bool) -> std::io::Result<TcpListener> {
+        let sock = match addr {
+            SocketAddr::V4(_) => TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+        };
+        if dual {
+            use std::os::fd::AsRawFd;
+            let off: libc::c_int = 0;
+            // SAFETY: a valid socket fd and a c_int option value of the size passed.
+            let rc = unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_V6ONLY,
+                    (&off as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        sock.set_reuseaddr(true)?;
+        sock.bind(addr)?;
+        sock.listen(1024)
+    }
+    match addr {
+        SocketAddr::V6(v6) if v6.ip().is_unspecified() => match bind(addr, true) {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EAFNOSUPPORT) | Some(libc::EADDRNOTAVAIL)
+                ) =>
+            {
+                tracing::info!(error = %e, "no IPv6 on this host; listening on IPv4 only");
+                bind(
+                    SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, addr.port())),
+                    false,
+                )
+            }
+            other => other,
+        },
+        _ => bind(addr, false),
     }
 }
 
@@ -108,10 +158,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 
     let volumes = cfg.volumes.clone();
     let ready = tokio::task::spawn_blocking(move || Readiness::new(volumes)).await?;
-    let listener = TcpListener::bind(cfg.listen).await?;
+    let listener = bind_listener(cfg.listen)?;
     tracing::info!(addr = %listener.local_addr()?, volumes = cfg.volumes.len(), "export server listening");
     if let Some(addr) = cfg.metrics_addr {
-        match TcpListener::bind(addr).await {
+        match bind_listener(addr) {
             Ok(l) => {
                 tokio::spawn(serve_metrics(l, registry.clone()));
             }
