@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::exporter_status::{
     EventSpec, TOKEN_EXPIRING, expiry_thresholds, next_delay, rfc3339, token_expiring,
 };
-use super::token::{Claims, MintReason};
+use super::token::Claims;
 use super::types::{Client, ClientStatus, LocalObjectReference};
 use crate::conditions;
 
@@ -46,30 +46,34 @@ pub fn desired_status(
     }
 }
 
-/// Events after a persisted write: `CredentialCreated` when a token was minted, and
-/// `TokenExpiringSoon` when `TokenExpiring` became True (upstream's texts).
-pub fn events(
-    name: &str,
-    minted: Option<MintReason>,
-    old: Option<&ClientStatus>,
-    new: &ClientStatus,
-) -> Vec<EventSpec> {
+/// The status of a Client that cannot get a credential (`problem` is its `TokenExpiring`):
+/// no credential, no expiry.
+pub fn without_credential(
+    client: &Client,
+    problem: conditions::Desired<'_>,
+    endpoint: &str,
+    now: Timestamp,
+) -> ClientStatus {
+    let mut status = client.status.clone().unwrap_or_default();
+    status.credential = None;
+    status.token_expires_at = None;
+    status.endpoint = Some(endpoint.to_string());
+    let mut conds = status.conditions.take().unwrap_or_default();
+    conditions::set(
+        &mut conds,
+        problem,
+        client.metadata.generation,
+        &conditions::truncate(now),
+    );
+    status.conditions = Some(conds);
+    status
+}
+
+/// Events after a persisted status write: `TokenExpiringSoon` when `TokenExpiring` became True
+/// (upstream's text). `CredentialCreated` follows the Secret write instead
+/// ([`super::exporter_status::mint_note`]).
+pub fn events(name: &str, old: Option<&ClientStatus>, new: &ClientStatus) -> Vec<EventSpec> {
     let mut out = Vec::new();
-    let secret = format!("{name}-client");
-    if let Some(reason) = minted {
-        let note = match reason {
-            MintReason::Created => format!("Credential secret created for client: secret={secret}"),
-            MintReason::Renewed => format!("Credential token renewed for client: secret={secret}"),
-            MintReason::Replaced(_) => {
-                format!("Credential token replaced (invalid) for client: secret={secret}")
-            }
-        };
-        out.push(EventSpec {
-            warning: false,
-            reason: "CredentialCreated",
-            note,
-        });
-    }
     let was = old.is_some_and(|s| {
         conditions::is_true(s.conditions.as_deref().unwrap_or_default(), TOKEN_EXPIRING)
     });
@@ -95,7 +99,8 @@ pub fn events(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exporter::token::{AUDIENCE, ISSUER, Invalid};
+    use crate::exporter::exporter_status::mint_note;
+    use crate::exporter::token::{AUDIENCE, ISSUER, Invalid, MintReason};
     use crate::exporter::types::ClientSpec;
     use kube::api::ObjectMeta;
 
@@ -125,6 +130,8 @@ mod tests {
             sub: "client:ns:c1:u".into(),
             iat: exp - 365 * DAY,
             exp,
+            jti: None,
+            holder: None,
         }
     }
 
@@ -207,28 +214,32 @@ mod tests {
             ts(NOW),
         )
         .status;
-        let ev = events("c1", Some(MintReason::Created), None, &soon);
-        assert_eq!(ev[0].reason, "CredentialCreated");
+        let ev = events("c1", None, &soon);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].reason, "TokenExpiringSoon");
         assert_eq!(
             ev[0].note,
-            "Credential secret created for client: secret=c1-client"
-        );
-        assert_eq!(ev[1].reason, "TokenExpiringSoon");
-        assert_eq!(
-            ev[1].note,
             format!(
                 "Token for client c1 is expiring soon: expires={}",
                 rfc3339(ts(NOW + 10 * DAY))
             )
         );
-        assert!(events("c1", None, Some(&soon), &soon).is_empty());
-        let ev = events(
-            "c1",
-            Some(MintReason::Replaced(Invalid::Subject)),
-            Some(&soon),
-            &soon,
+        assert!(events("c1", Some(&soon), &soon).is_empty());
+        assert_eq!(
+            mint_note("client", MintReason::Created, "c1-client"),
+            "Credential secret created for client: secret=c1-client"
         );
-        assert_eq!(ev.len(), 1);
-        assert!(ev[0].note.contains("replaced (invalid)"));
+        assert_eq!(
+            mint_note(
+                "client",
+                MintReason::Replaced(Invalid::Subject),
+                "c1-client"
+            ),
+            "Credential token replaced (invalid) for client: secret=c1-client"
+        );
+        assert_eq!(
+            mint_note("exporter", MintReason::Renewed, "e1-exporter"),
+            "Credential token renewed for exporter: secret=e1-exporter"
+        );
     }
 }

@@ -24,6 +24,8 @@ pub const REASON_EXPIRED: &str = "Expired";
 pub const REASON_WITHIN_7: &str = "ExpiresWithin7Days";
 pub const REASON_WITHIN_30: &str = "ExpiresWithin30Days";
 pub const REASON_VALID: &str = "Valid";
+/// OURS: the object's name leaves no room for its credential Secret's name.
+pub const REASON_CREDENTIAL_NAME_TOO_LONG: &str = "CredentialNameTooLong";
 
 const DAY: i64 = 86_400;
 
@@ -182,12 +184,33 @@ pub fn derive_conditions(
     conditions::set(conditions, registered, generation, &stamp);
 }
 
-/// `TokenExpiring` as upstream's `token_expiry.go` words it.
+/// OURS: Kubernetes names are at most 253 characters, so an Exporter or Client whose credential
+/// Secret name (`<name><suffix>`) would be longer can never get a credential. Instead of failing
+/// every pass, `TokenExpiring` says so.
+pub fn credential_name_too_long(kind: &str, name: &str, suffix: &str) -> Option<Desired<'static>> {
+    let len = name.len() + suffix.len();
+    (len > 253).then(|| {
+        Desired::new(
+            TOKEN_EXPIRING,
+            true,
+            REASON_CREDENTIAL_NAME_TOO_LONG,
+            format!(
+                "No credential can be issued: its Secret name would be {len} characters, over the Kubernetes limit of 253; recreate the {kind} with a name of at most {} characters",
+                253 - suffix.len()
+            ),
+        )
+    })
+}
+
+/// `TokenExpiring` as upstream's `token_expiry.go` words it. `remaining` keeps `now`'s fraction
+/// of a second, as Go's `time.Until`: a token minted in this pass (whole-second `iat`) already
+/// reads "364 days", so the next pass does not rewrite the message.
 pub fn token_expiring(exp: Timestamp, now: Timestamp) -> Desired<'static> {
-    let remaining = exp.as_second() - now.as_second();
+    let remaining = now.duration_until(exp);
     let when = rfc3339(exp);
-    let days = remaining / DAY;
+    let days = remaining.as_secs() / DAY;
     let message = format!("Token expires on {when} ({days} days remaining)");
+    let remaining = remaining.as_secs() + i64::from(remaining.subsec_nanos() > 0);
     if remaining <= 0 {
         Desired::new(
             TOKEN_EXPIRING,
@@ -277,6 +300,38 @@ pub struct EventSpec {
     pub note: String,
 }
 
+/// Note openings that tell apart events sharing a reason (see [`EventSpec::action`]).
+pub const NOTE_CREATED: &str = "Credential secret created";
+pub const NOTE_RENEWED: &str = "Credential token renewed";
+pub const NOTE_REPLACED: &str = "Credential token replaced (invalid)";
+pub const NOTE_GRACEFUL: &str = "Exporter reported offline (graceful shutdown)";
+
+/// The `CredentialCreated` note (shared with the Client's events).
+pub fn mint_note(kind: &str, reason: super::token::MintReason, secret: &str) -> String {
+    let what = match reason {
+        super::token::MintReason::Created => NOTE_CREATED,
+        super::token::MintReason::Renewed => NOTE_RENEWED,
+        super::token::MintReason::Replaced(_) => NOTE_REPLACED,
+    };
+    format!("{what} for {kind}: secret={secret}")
+}
+
+impl EventSpec {
+    /// The events.k8s.io `action`. The event recorder folds repeats of one (object, reason,
+    /// action) into a series that keeps the first note, so notes that mean different things
+    /// (a renewal after a creation, a graceful shutdown after a lost connection) get their own
+    /// action and stay visible.
+    pub fn action(&self) -> &'static str {
+        match self.reason {
+            "CredentialCreated" if self.note.starts_with(NOTE_RENEWED) => "RenewCredential",
+            "CredentialCreated" if self.note.starts_with(NOTE_REPLACED) => "ReplaceCredential",
+            "CredentialCreated" => "CreateCredential",
+            "ExporterOffline" if self.note.starts_with(NOTE_GRACEFUL) => "ReportOffline",
+            _ => "Reconcile",
+        }
+    }
+}
+
 /// §4.7: events for the transitions between the persisted `old` and the written `new` status.
 pub fn transition_events(
     name: &str,
@@ -321,7 +376,7 @@ pub fn transition_events(
                 && last_seen.is_some_and(|s| now.duration_since(s) <= threshold);
             let note = if graceful {
                 format!(
-                    "Exporter reported offline (graceful shutdown): exporter={name} message={}",
+                    "{NOTE_GRACEFUL}: exporter={name} message={}",
                     new.status_message.as_deref().unwrap_or_default()
                 )
             } else {
@@ -387,6 +442,8 @@ mod tests {
             sub: "exporter:lab:e1:u".into(),
             iat: exp - 365 * DAY,
             exp,
+            jti: None,
+            holder: None,
         }
     }
 
@@ -802,6 +859,39 @@ mod tests {
     }
 
     #[test]
+    fn the_pass_that_mints_and_the_next_one_agree() {
+        // Minted in this pass: iat is `now` truncated, so a full lifetime never reads as 365 days.
+        let now = Timestamp::new(NOW, 250_000_000).unwrap();
+        let minted = claims(NOW + 365 * DAY);
+        let at = |t: Timestamp| {
+            desired_status(
+                &exporter(None),
+                Some(&minted),
+                None,
+                &StatusSettings::default(),
+                &TokenPolicy::default(),
+                t,
+            )
+        };
+        let first = at(now);
+        let message = &cond(&first.status, TOKEN_EXPIRING).message;
+        assert!(message.ends_with("(364 days remaining)"), "{message}");
+        let second = desired_status(
+            &exporter(Some(first.status.clone())),
+            Some(&minted),
+            None,
+            &StatusSettings::default(),
+            &TokenPolicy::default(),
+            ts(NOW + 2),
+        );
+        assert_eq!(first.status, second.status);
+        // A fraction of a second before exp is not yet expired.
+        let d = token_expiring(ts(NOW), Timestamp::new(NOW - 1, 999_000_000).unwrap());
+        assert_eq!(d.reason, REASON_WITHIN_7);
+        assert!(d.message.ends_with("(0 days remaining)"));
+    }
+
+    #[test]
     fn events_on_transitions_only() {
         let threshold = SignedDuration::from_secs(60);
         let first = run(
@@ -876,8 +966,75 @@ mod tests {
     }
 
     #[test]
+    fn notes_that_differ_in_meaning_get_their_own_action() {
+        let ev = |reason: &'static str, note: &str| EventSpec {
+            warning: false,
+            reason,
+            note: note.into(),
+        };
+        let actions: Vec<&str> = [
+            ev(
+                "CredentialCreated",
+                "Credential secret created for exporter: secret=s",
+            ),
+            ev(
+                "CredentialCreated",
+                "Credential token renewed for exporter: secret=s",
+            ),
+            ev(
+                "CredentialCreated",
+                "Credential token replaced (invalid) for client: secret=s",
+            ),
+            ev(
+                "ExporterOffline",
+                "Exporter went offline (connection lost): exporter=e",
+            ),
+            ev(
+                "ExporterOffline",
+                "Exporter reported offline (graceful shutdown): exporter=e",
+            ),
+            ev("ExporterOnline", "Exporter is online: exporter=e"),
+        ]
+        .iter()
+        .map(EventSpec::action)
+        .collect();
+        assert_eq!(
+            actions,
+            [
+                "CreateCredential",
+                "RenewCredential",
+                "ReplaceCredential",
+                "Reconcile",
+                "ReportOffline",
+                "Reconcile"
+            ]
+        );
+    }
+
+    #[test]
     fn go_time_format() {
         assert_eq!(go_time_string(Some(ts(0))), "1970-01-01 00:00:00 +0000 UTC");
         assert_eq!(go_time_string(None), "0001-01-01 00:00:00 +0000 UTC");
+    }
+
+    #[test]
+    fn a_name_with_no_room_for_the_credential_secret_is_reported() {
+        assert!(credential_name_too_long("Exporter", &"e".repeat(244), "-exporter").is_none());
+        let d = credential_name_too_long("Exporter", &"e".repeat(245), "-exporter").unwrap();
+        assert_eq!(d.type_, TOKEN_EXPIRING);
+        assert_eq!(d.status, conditions::Status::True);
+        assert_eq!(d.reason, REASON_CREDENTIAL_NAME_TOO_LONG);
+        assert!(
+            d.message
+                .contains("254 characters, over the Kubernetes limit of 253"),
+            "{}",
+            d.message
+        );
+        assert!(d.message.contains("at most 244 characters"));
+        let d = credential_name_too_long("Client", &"c".repeat(250), "-client").unwrap();
+        assert!(
+            d.message
+                .contains("recreate the Client with a name of at most 246")
+        );
     }
 }

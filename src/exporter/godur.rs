@@ -3,68 +3,21 @@
 
 use jiff::SignedDuration;
 
-/// Parses Go's `time.ParseDuration` syntax: an optional sign, then one or more
-/// `<number>[.<fraction>]<unit>` with units `ns`, `us`, `µs`, `μs`, `ms`, `s`, `m`, `h`; or `0`.
+/// Parses Go's `time.ParseDuration` syntax with the runtime's parser
+/// ([`crate::runtime::cli::parse_go_duration`]), adding what only these fields need: an optional
+/// sign (a negative `spec.duration` must reach the Lease rules, not fail to parse) and Go's range
+/// (at most `i64::MAX` nanoseconds). Errors read like Go's.
 pub fn parse(input: &str) -> Result<SignedDuration, String> {
     let invalid = || format!("invalid duration {input:?}");
-    let (negative, mut rest) = match input.as_bytes().first() {
+    let (negative, magnitude) = match input.as_bytes().first() {
         Some(b'-') => (true, &input[1..]),
         Some(b'+') => (false, &input[1..]),
         _ => (false, input),
     };
-    if rest == "0" {
-        return Ok(SignedDuration::ZERO);
-    }
-    if rest.is_empty() {
-        return Err(invalid());
-    }
-    let mut total: i128 = 0; // nanoseconds
-    while !rest.is_empty() {
-        let digits = rest
-            .bytes()
-            .take_while(|b| b.is_ascii_digit() || *b == b'.')
-            .count();
-        if digits == 0 {
-            return Err(invalid());
-        }
-        let (number, tail) = rest.split_at(digits);
-        let unit_len = tail
-            .char_indices()
-            .find(|(_, c)| c.is_ascii_digit() || *c == '.')
-            .map_or(tail.len(), |(i, _)| i);
-        let (unit, tail) = tail.split_at(unit_len);
-        let scale: i128 = match unit {
-            "ns" => 1,
-            "us" | "µs" | "μs" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60 * 1_000_000_000,
-            "h" => 3_600 * 1_000_000_000,
-            _ => return Err(invalid()),
-        };
-        let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
-        if (whole.is_empty() && frac.is_empty()) || frac.contains('.') {
-            return Err(invalid());
-        }
-        let whole: i128 = if whole.is_empty() {
-            0
-        } else {
-            whole.parse().map_err(|_| invalid())?
-        };
-        let mut value = whole.checked_mul(scale).ok_or_else(invalid)?;
-        let mut place = scale;
-        for digit in frac.bytes() {
-            place /= 10;
-            value += i128::from(digit - b'0') * place;
-        }
-        total = total.checked_add(value).ok_or_else(invalid)?;
-        if total > i128::from(i64::MAX) {
-            return Err(invalid());
-        }
-        rest = tail;
-    }
-    let nanos = if negative { -total } else { total };
-    Ok(SignedDuration::from_nanos(nanos as i64))
+    let d = crate::runtime::cli::parse_go_duration(magnitude).map_err(|_| invalid())?;
+    let nanos = i64::try_from(d.as_nanos()).map_err(|_| invalid())?;
+    let nanos = if negative { -nanos } else { nanos };
+    Ok(SignedDuration::from_nanos(nanos))
 }
 
 /// Renders the offline threshold for condition and status messages: `1 minute` for 60 s (the
@@ -100,6 +53,8 @@ mod tests {
             ("7µs", 7_000),
             ("1ns", 1),
             (".5s", 500_000_000),
+            ("+90s", 90_000_000_000),
+            ("8760h", 31_536_000_000_000_000),
         ];
         for (text, nanos) in cases {
             assert_eq!(parse(text).unwrap().as_nanos(), i128::from(nanos), "{text}");
@@ -117,6 +72,8 @@ mod tests {
             "abc",
             "1h-1m",
             "-",
+            "+",
+            "--1s",
             "9999999999h",
         ] {
             assert!(parse(text).is_err(), "{text:?} should be rejected");

@@ -66,13 +66,6 @@ pub struct AssignInputs<'a> {
     pub now: Timestamp,
 }
 
-/// A decision that cannot be made from the inputs: the reconciler retries with backoff.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AssignError {
-    #[error("client {0} of the lease was not found; it is needed to evaluate the access policies")]
-    ClientNotFound(String),
-}
-
 #[derive(Debug, Clone)]
 struct Approved<'a> {
     exporter: &'a Exporter,
@@ -111,9 +104,46 @@ fn requested_duration(lease: &Lease) -> SignedDuration {
     }
 }
 
+/// `spec.duration`, parsed; `Err` is the InvalidDuration message. OURS: as on the gRPC path
+/// (§6.6), a duration must be positive.
+fn lease_duration(lease: &Lease) -> Option<Result<SignedDuration, String>> {
+    let d = lease.spec.duration.as_deref()?;
+    Some(match godur::parse(d) {
+        Err(e) => Err(format!("spec.duration: {e}")),
+        Ok(v) if v <= SignedDuration::ZERO => Err(format!(
+            "spec.duration: {d:?} is not positive; set a duration such as 1h"
+        )),
+        Ok(v) => Ok(v),
+    })
+}
+
+/// OURS: a lease that would end before it begins can never be served.
+fn time_range_problem(lease: &Lease) -> Option<Assignment> {
+    let (Some(b), Some(e)) = (&lease.spec.begin_time, &lease.spec.end_time) else {
+        return None;
+    };
+    (b.0 >= e.0).then(|| Assignment::Invalid {
+        reason: "InvalidTimeRange",
+        message: format!(
+            "spec.beginTime {} is not before spec.endTime {}; set an endTime after the beginTime",
+            b.0, e.0
+        ),
+    })
+}
+
 /// The §6.2 decision order. Runs only while the lease is not ended and has no exporter.
-pub fn decide_assignment(inp: &AssignInputs<'_>) -> Result<Assignment, AssignError> {
+pub fn decide_assignment(inp: &AssignInputs<'_>) -> Assignment {
     let lease = inp.lease;
+    if let Some(invalid) = time_range_problem(lease) {
+        return invalid;
+    }
+    // No exporter is taken for a lease that build_status will end as InvalidDuration.
+    if let Some(Err(message)) = lease_duration(lease) {
+        return Assignment::Invalid {
+            reason: "InvalidDuration",
+            message,
+        };
+    }
     if let Some(begin) = &lease.spec.begin_time
         && begin.0 > inp.now
     {
@@ -122,48 +152,48 @@ pub fn decide_assignment(inp: &AssignInputs<'_>) -> Result<Assignment, AssignErr
             .duration_until(begin.0)
             .try_into()
             .unwrap_or_default();
-        return Ok(Assignment::Scheduled(wait));
+        return Assignment::Scheduled(wait);
     }
     let pinned = lease.spec.exporter_ref_name();
     let sel = &lease.spec.selector;
     if let Err(e) = selector::validate(sel) {
-        return Ok(Assignment::Invalid {
+        return Assignment::Invalid {
             reason: "InvalidSelector",
             message: format!("The selector for the lease is invalid: {}", e.0),
-        });
+        };
     }
     if selector::is_empty(sel) && pinned.is_none() {
-        return Ok(Assignment::Invalid {
+        return Assignment::Invalid {
             reason: "InvalidSelector",
             message: "The selector for the lease is empty, a selector is required".into(),
-        });
+        };
     }
 
     let matching: Vec<&Exporter> = if let Some(name) = pinned {
         let Some(exporter) = inp.exporters.iter().find(|e| name_of(e) == name) else {
-            return Ok(Assignment::Unsatisfiable {
+            return Assignment::Unsatisfiable {
                 reason: "ExporterNotFound",
                 message: format!("Requested exporter {name} was not found"),
-            });
+            };
         };
         if !selector::is_empty(sel)
             && !selector::matches(sel, &labels_of(exporter)).unwrap_or(false)
         {
-            return Ok(Assignment::Unsatisfiable {
+            return Assignment::Unsatisfiable {
                 reason: "SelectorMismatch",
                 message: format!(
                     "Requested exporter {name} does not match selector {}",
                     selector::format(sel)
                 ),
-            });
+            };
         }
         if !exporter.spec.is_enabled() && lease.spec.allow_disabled != Some(true) {
-            return Ok(Assignment::Unsatisfiable {
+            return Assignment::Unsatisfiable {
                 reason: "ExporterDisabled",
                 message: format!(
                     "Requested exporter {name} is disabled. To lease a disabled exporter, set spec.allowDisabled: true on the Lease, or use --allow-disabled with jmp create lease or jmp shell"
                 ),
-            });
+            };
         }
         vec![exporter]
     } else {
@@ -174,18 +204,22 @@ pub fn decide_assignment(inp: &AssignInputs<'_>) -> Result<Assignment, AssignErr
             .collect();
         let enabled = filter_out_disabled(&listed);
         if enabled.is_empty() && !listed.is_empty() {
-            return Ok(Assignment::Unsatisfiable {
+            return Assignment::Unsatisfiable {
                 reason: "AllDisabled",
                 message: format!(
                     "All {} exporters matching the selector are disabled",
                     listed.len()
                 ),
-            });
+            };
         }
         enabled
     };
 
-    let (approved, unmatched) = approve(inp, &matching)?;
+    let approval = match approve(inp, &matching) {
+        Ok(a) => a,
+        Err(pending) => return pending,
+    };
+    let (approved, unmatched) = (approval.approved, approval.unmatched_descriptions);
     if approved.is_empty() {
         let base = format!(
             "While there are {} exporters matching the selector, none of them are approved by any policy for your client",
@@ -205,10 +239,19 @@ pub fn decide_assignment(inp: &AssignInputs<'_>) -> Result<Assignment, AssignErr
             }
             format!("{base}. Matching policies: {desc}")
         };
-        return Ok(Assignment::Unsatisfiable {
+        // OURS: policy entries that could never approve anything are named, so the fix is clear.
+        let message = if approval.problems.is_empty() {
+            message
+        } else {
+            format!(
+                "{message}. Unusable policy entries: {}",
+                approval.problems.join("; ")
+            )
+        };
+        return Assignment::Unsatisfiable {
             reason: "NoAccess",
             message,
-        });
+        };
     }
 
     let online: Vec<Approved<'_>> = approved
@@ -225,25 +268,25 @@ pub fn decide_assignment(inp: &AssignInputs<'_>) -> Result<Assignment, AssignErr
         .cloned()
         .collect();
     if online.is_empty() {
-        return Ok(Assignment::Pending {
+        return Assignment::Pending {
             reason: "Offline",
             message: format!(
                 "While there are {} available exporters (i.e. {}), none of them are online",
                 approved.len(),
                 approved[0].name()
             ),
-        });
+        };
     }
 
     let ordered = order(attach_existing(online, inp.active_leases));
     if ordered[0].spot_access {
-        return Ok(Assignment::Unsatisfiable {
+        return Assignment::Unsatisfiable {
             reason: "SpotAccess",
             message: format!(
                 "The only possible exporters are under spot access (i.e. {}), but spot access is still not implemented",
                 ordered[0].name()
             ),
-        });
+        };
     }
 
     let available: Vec<&Approved<'_>> = ordered
@@ -254,14 +297,14 @@ pub fn decide_assignment(inp: &AssignInputs<'_>) -> Result<Assignment, AssignErr
         })
         .collect();
     if available.is_empty() {
-        return Ok(Assignment::Pending {
+        return Assignment::Pending {
             reason: "NotAvailable",
             message: format!(
                 "There are {} approved exporters, (i.e. {}) but all of them are already leased",
                 ordered.len(),
                 ordered[0].name()
             ),
-        });
+        };
     }
 
     let ready: Vec<&&Approved<'_>> = available.iter().filter(|a| is_ready(a.exporter)).collect();
@@ -271,27 +314,27 @@ pub fn decide_assignment(inp: &AssignInputs<'_>) -> Result<Assignment, AssignErr
             available.len()
         );
         message.push_str(&gate_suffix(available.iter().map(|a| a.exporter)));
-        return Ok(Assignment::Pending {
+        return Assignment::Pending {
             reason: "NotReady",
             message,
-        });
+        };
     }
 
     let selected = ready[0];
     if selected.existing_spot.is_some() {
-        return Ok(Assignment::Pending {
+        return Assignment::Pending {
             reason: "NotAvailable",
             message: format!(
                 "Exporter {} is already leased by another client under spot access, but spot access eviction still not implemented",
                 selected.name()
             ),
-        });
+        };
     }
-    Ok(Assignment::Assign {
+    Assignment::Assign {
         exporter: selected.name().to_string(),
         priority: selected.priority,
         spot_access: selected.spot_access,
-    })
+    }
 }
 
 /// Disabled exporters are dropped from selector matches; the input is not modified.
@@ -303,12 +346,21 @@ fn filter_out_disabled<'a>(exporters: &[&'a Exporter]) -> Vec<&'a Exporter> {
         .collect()
 }
 
-/// Policy approval (rules 6.2.1–6.2.3). Returns one approval per applicable rule, and the
-/// non-empty, de-duplicated descriptions of rules that matched an exporter but not the client.
+struct Approval<'a> {
+    approved: Vec<Approved<'a>>,
+    /// Non-empty, de-duplicated descriptions of rules that matched an exporter but not the client.
+    unmatched_descriptions: Vec<String>,
+    /// OURS: policy entries that can never approve (a malformed selector or maximumDuration).
+    problems: Vec<String>,
+}
+
+/// Policy approval (rules 6.2.1–6.2.3): one approval per applicable rule. A missing Client,
+/// needed only when policies exist, is `Pending/ClientNotFound` (OURS: upstream retries with
+/// no condition, so the user sees nothing).
 fn approve<'a>(
     inp: &AssignInputs<'_>,
     candidates: &[&'a Exporter],
-) -> Result<(Vec<Approved<'a>>, Vec<String>), AssignError> {
+) -> Result<Approval<'a>, Assignment> {
     let plain = |e: &'a Exporter| Approved {
         exporter: e,
         priority: 0,
@@ -316,11 +368,27 @@ fn approve<'a>(
         existing_spot: None,
     };
     if inp.policies.is_empty() {
-        return Ok((candidates.iter().map(|e| plain(e)).collect(), Vec::new()));
+        return Ok(Approval {
+            approved: candidates.iter().map(|e| plain(e)).collect(),
+            unmatched_descriptions: Vec::new(),
+            problems: Vec::new(),
+        });
     }
-    let client = inp
-        .client
-        .ok_or_else(|| AssignError::ClientNotFound(inp.lease.spec.client_ref.name.clone()))?;
+    let client_name = &inp.lease.spec.client_ref.name;
+    let Some(client) = inp.client else {
+        let message = if client_name.is_empty() {
+            "spec.clientRef.name is empty; the ExporterAccessPolicies in this namespace approve exporters per Client, so set it to an existing Client".to_string()
+        } else {
+            format!(
+                "Client {client_name} was not found; the ExporterAccessPolicies in this namespace approve exporters per Client, so create it or fix spec.clientRef.name"
+            )
+        };
+        return Err(Assignment::Pending {
+            reason: "ClientNotFound",
+            message,
+        });
+    };
+    let mut problems = policy_problems(inp.policies);
     let client_labels = client.metadata.labels.clone().unwrap_or_default();
     let requested = requested_duration(inp.lease);
     let mut approved = Vec::new();
@@ -363,7 +431,45 @@ fn approve<'a>(
             }
         }
     }
-    Ok((approved, unmatched))
+    problems.dedup();
+    Ok(Approval {
+        approved,
+        unmatched_descriptions: unmatched,
+        problems,
+    })
+}
+
+/// Entries of the policies that can never approve anything, named for the NoAccess message.
+fn policy_problems(policies: &[ExporterAccessPolicy]) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in policies {
+        let name = p.metadata.name.as_deref().unwrap_or_default();
+        if let Some(sel) = &p.spec.exporter_selector
+            && let Err(e) = selector::validate(sel)
+        {
+            out.push(format!("{name}: spec.exporterSelector: {}", e.0));
+        }
+        for (i, rule) in p.spec.policies.iter().flatten().enumerate() {
+            if let Some(max) = &rule.maximum_duration
+                && godur::parse(max).is_err()
+            {
+                out.push(format!(
+                    "{name}: spec.policies[{i}].maximumDuration {max:?} is not a duration such as 8h or 30m"
+                ));
+            }
+            for (j, from) in rule.from.iter().flatten().enumerate() {
+                if let Some(sel) = &from.client_selector
+                    && let Err(e) = selector::validate(sel)
+                {
+                    out.push(format!(
+                        "{name}: spec.policies[{i}].from[{j}].clientSelector: {}",
+                        e.0
+                    ));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Attach each candidate's active lease (its spot flag), the last one in list order as upstream.
@@ -495,16 +601,11 @@ pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestam
     let mut requeue_after = None;
     let mut assigned = None;
 
-    let duration = match lease.spec.duration.as_deref().map(godur::parse) {
-        Some(Err(e)) if !status.ended => {
+    let duration = match lease_duration(lease) {
+        Some(Err(message)) if !status.ended => {
             conditions::set(
                 &mut conds,
-                Desired::new(
-                    INVALID,
-                    true,
-                    "InvalidDuration",
-                    format!("spec.duration: {e}"),
-                ),
+                Desired::new(INVALID, true, "InvalidDuration", message),
                 generation,
                 &stamp,
             );

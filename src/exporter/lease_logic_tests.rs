@@ -197,7 +197,6 @@ impl World {
             client: self.client.as_ref(),
             now: ts(NOW),
         })
-        .unwrap()
     }
 }
 
@@ -379,19 +378,58 @@ fn policy_maximum_duration_skips_rule_silently() {
 }
 
 #[test]
-fn missing_client_with_policies_is_an_error() {
+fn missing_client_with_policies_is_pending_client_not_found() {
     let mut w = World::new(vec![online("a", &[("t", "x")])]);
     w.policies = vec![policy(&[("t", "x")], vec![rule(&[], 0, false, None)])];
     w.client = None;
-    let err = decide_assignment(&AssignInputs {
-        lease: &lease_sel(&[("t", "x")]),
-        exporters: &w.exporters,
-        active_leases: &[],
-        policies: &w.policies,
-        client: None,
-        now: ts(NOW),
-    });
-    assert_eq!(err, Err(AssignError::ClientNotFound("c1".into())));
+    let (t, reason, m) = reason_of(w.decide(&lease_sel(&[("t", "x")])));
+    assert_eq!((t, reason), (PENDING, "ClientNotFound"));
+    assert!(m.contains("Client c1 was not found"), "{m}");
+    assert!(m.contains("fix spec.clientRef.name"), "{m}");
+    let mut l = lease_sel(&[("t", "x")]);
+    l.spec.client_ref = LocalObjectReference::new("");
+    let (_, reason, m) = reason_of(w.decide(&l));
+    assert_eq!(reason, "ClientNotFound");
+    assert!(m.starts_with("spec.clientRef.name is empty"), "{m}");
+    // Without policies the Client is not needed.
+    w.policies.clear();
+    assert_eq!(assigned(&w.decide(&l)), "a");
+}
+
+#[test]
+fn unusable_policy_entries_are_named_in_no_access() {
+    let mut w = World::new(vec![online("a", &[("t", "x")])]);
+    let mut r = rule(&[], 0, false, None);
+    r.maximum_duration = Some("forever".into());
+    let mut p = policy(&[("t", "x")], vec![r]);
+    p.metadata.name = Some("lab".into());
+    let mut broken = policy(&[("bad key!", "x")], vec![rule(&[], 0, false, None)]);
+    broken.metadata.name = Some("typo".into());
+    w.policies = vec![p, broken];
+    let (_, reason, m) = reason_of(w.decide(&lease_sel(&[("t", "x")])));
+    assert_eq!(reason, "NoAccess");
+    assert!(
+        m.contains("lab: spec.policies[0].maximumDuration \"forever\" is not a duration"),
+        "{m}"
+    );
+    assert!(
+        m.contains("typo: spec.exporterSelector: key: Invalid value: \"bad key!\""),
+        "{m}"
+    );
+}
+
+#[test]
+fn a_lease_that_ends_before_it_begins_is_invalid() {
+    let w = World::new(vec![online("a", &[("t", "x")])]);
+    let mut l = lease_sel(&[("t", "x")]);
+    l.spec.duration = None;
+    l.spec.begin_time = Some(Time(ts(NOW + 200)));
+    l.spec.end_time = Some(Time(ts(NOW + 100)));
+    let (t, reason, m) = reason_of(w.decide(&l));
+    assert_eq!((t, reason), (INVALID, "InvalidTimeRange"));
+    assert!(m.contains("is not before spec.endTime"), "{m}");
+    l.spec.end_time = Some(Time(ts(NOW + 300)));
+    assert!(matches!(w.decide(&l), Assignment::Scheduled(_)));
 }
 
 #[test]
@@ -781,14 +819,30 @@ fn expiry_sources() {
 
 #[test]
 fn bad_duration_is_invalid() {
-    let mut l = lease_sel(&[("t", "x")]);
-    l.spec.duration = Some("forever".into());
-    let out = build_status(&l, None, ts(NOW));
-    assert!(out.status.ended);
-    assert_eq!(
-        cond(&out.status, INVALID).unwrap().reason,
-        "InvalidDuration"
-    );
+    let w = World::new(vec![online("a", &[("t", "x")])]);
+    for (bad, says) in [
+        ("forever", "invalid duration"),
+        ("-1h", "is not positive"),
+        ("0s", "is not positive"),
+    ] {
+        let mut l = lease_sel(&[("t", "x")]);
+        l.spec.duration = Some(bad.into());
+        // No exporter is taken for it.
+        let decided = w.decide(&l);
+        assert!(matches!(
+            decided,
+            Assignment::Invalid {
+                reason: "InvalidDuration",
+                ..
+            }
+        ));
+        let out = build_status(&l, Some(decided), ts(NOW));
+        assert!(out.status.ended, "{bad}");
+        assert!(out.status.exporter_ref.is_none(), "{bad}");
+        let c = cond(&out.status, INVALID).unwrap();
+        assert_eq!(c.reason, "InvalidDuration");
+        assert!(c.message.contains(says), "{bad}: {}", c.message);
+    }
 }
 
 #[test]

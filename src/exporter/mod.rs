@@ -2,12 +2,15 @@
 //! (`jumpstarter.dev/v1alpha1`). See `../shared/spec/exporter.md`.
 //!
 //! Pure modules: `types` (CRDs), `token` (key and JWTs), `exporter_status`, `client_status`,
-//! `lease_logic`, `selector`, `godur`, `settings`. IO: `reconcile`, `signing`.
+//! `lease_logic`, `selector`, `godur`, `settings`, `config`. IO: `reconcile`, `signing`,
+//! `startup`.
 
 pub mod client_status;
+pub mod config;
 pub mod exporter_status;
 pub mod godur;
 pub mod grpc;
+pub mod lease_hooks;
 pub mod lease_logic;
 pub mod metrics;
 pub mod proto;
@@ -18,6 +21,7 @@ pub mod schema;
 pub mod selector;
 pub mod settings;
 pub mod signing;
+pub mod startup;
 pub mod tls;
 pub mod token;
 pub mod types;
@@ -30,8 +34,9 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
+use kube::api::{ObjectMeta, PartialObjectMeta};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::runtime::controller::{Guarded, run};
 use crate::runtime::rbac::rule;
@@ -102,8 +107,16 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         std::env::var("GRPC_ENDPOINT").ok(),
         std::env::var("CONTROLLER_KEY").ok(),
     )?;
+    // Read once at start, as upstream: a changed ConfigMap or key applies after a restart.
+    let Some(loaded) = startup::load_config(&rt).await else {
+        return Ok(()); // shutdown while the ConfigMap was invalid
+    };
+    for w in &loaded.warnings {
+        tracing::warn!("{w}");
+    }
+    let settings = settings.with_config(loaded.config);
     let Some(key) = signing::load(&rt, &settings.key_source).await? else {
-        return Ok(()); // shutdown before the generated key appeared
+        return Ok(()); // shutdown before the key Secret was usable
     };
 
     let metrics = metrics::Metrics::new();
@@ -128,7 +141,9 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
             watcher::Config::default(),
             Trigger::AnyChange,
         )
-        .owns(rt.watched::<Secret>(), watcher::Config::default())
+        .watches_stream(secret_changes(&rt), |s: PartialObjectMeta<Secret>| {
+            credential_owners::<Exporter>(&s.metadata, "Exporter", "-exporter")
+        })
         .watches(
             rt.watched::<Lease>(),
             watcher::Config::default(),
@@ -158,12 +173,17 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         .register(Box::new(metrics::ExporterGauges::new(exporter_ctl.store())))
         .map_err(|e| format!("cannot register exporter gauges: {e}"))?;
 
-    // Lease: every change (ended ones cost a read-only pass), plus pending leases that an
-    // Exporter change may satisfy.
+    // Lease: every change of a lease without the ended label (rule 6.1.1: the label selector
+    // drops ended leases from the watch and its cache, and admits an ended lease that lacks the
+    // label, so the label is backfilled), plus pending leases that an Exporter change may satisfy.
     let lease_ctl = rt.controller::<Lease>(
         "lease",
         rt.watched(),
-        watcher::Config::default(),
+        watcher::Config::default().labels(&format!(
+            "{}!={}",
+            lease_logic::ENDED_LABEL,
+            lease_logic::ENDED_VALUE
+        )),
         Trigger::AnyChange,
     );
     let lease_store = lease_ctl.store();
@@ -209,7 +229,9 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
             watcher::Config::default(),
             Trigger::SpecAndFinalizers,
         )
-        .owns(rt.watched::<Secret>(), watcher::Config::default());
+        .watches_stream(secret_changes(&rt), |s: PartialObjectMeta<Secret>| {
+            credential_owners::<Client>(&s.metadata, "Client", "-client")
+        });
 
     futures::join!(
         grpc::run(rt.clone(), ctx.clone()),
@@ -241,5 +263,98 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
     Ok(())
 }
 
+/// Changes to Secrets in the watched namespaces, metadata only (the reconcilers read the one
+/// Secret they need; no Secret data is cached).
+fn secret_changes(
+    rt: &Runtime,
+) -> impl futures::Stream<Item = Result<PartialObjectMeta<Secret>, watcher::Error>> + Send + 'static
+{
+    // An Api of PartialObjectMeta makes metadata-only list and watch requests.
+    watcher(
+        rt.watched::<PartialObjectMeta<Secret>>(),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects()
+}
+
+/// The objects whose credential Secret this is: its controller owner of `kind`, and the object
+/// its name points to (`<name><suffix>`), so that a Secret that lost its ownerRef, or was
+/// deleted, still triggers its owner's pass (which restores or recreates it).
+fn credential_owners<K>(meta: &ObjectMeta, kind: &str, suffix: &str) -> Vec<ObjectRef<Guarded<K>>>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let ns = meta.namespace.clone().unwrap_or_default();
+    let mut names: Vec<&str> = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.controller == Some(true) && r.kind == kind)
+        .map(|r| r.name.as_str())
+        .collect();
+    names.extend(
+        meta.name
+            .as_deref()
+            .and_then(|n| n.strip_suffix(suffix))
+            .filter(|n| !n.is_empty()),
+    );
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|n| ObjectRef::<Guarded<K>>::new(n).within(&ns))
+        .collect()
+}
+
 #[cfg(test)]
 mod crd_compat_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    #[test]
+    fn credential_secrets_map_to_their_owner_by_ref_and_by_name() {
+        let meta = |name: &str, owners: Vec<(&str, &str, bool)>| ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("lab".into()),
+            owner_references: Some(
+                owners
+                    .into_iter()
+                    .map(|(kind, name, controller)| OwnerReference {
+                        kind: kind.into(),
+                        name: name.into(),
+                        controller: Some(controller),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        let names = |m: &ObjectMeta, kind: &str, suffix: &str| {
+            credential_owners::<Exporter>(m, kind, suffix)
+                .into_iter()
+                .map(|r| (r.name, r.namespace.unwrap()))
+                .collect::<Vec<_>>()
+        };
+        let lab = |n: &str| (n.to_string(), "lab".to_string());
+        // Owned and named: one pass, not two.
+        let m = meta("e1-exporter", vec![("Exporter", "e1", true)]);
+        assert_eq!(names(&m, "Exporter", "-exporter"), vec![lab("e1")]);
+        // The ownerRef was removed: the name still leads to the owner.
+        let m = meta("e1-exporter", vec![]);
+        assert_eq!(names(&m, "Exporter", "-exporter"), vec![lab("e1")]);
+        // Other kinds and non-controller refs are ignored; other Secrets map to nothing.
+        let m = meta(
+            "db-password",
+            vec![("Deployment", "db", true), ("Exporter", "x", false)],
+        );
+        assert!(names(&m, "Exporter", "-exporter").is_empty());
+        let m = meta("-client", vec![]);
+        assert!(names(&m, "Client", "-client").is_empty());
+        let m = meta("c1-client", vec![("Client", "c1", true)]);
+        assert_eq!(names(&m, "Client", "-client"), vec![lab("c1")]);
+    }
+}

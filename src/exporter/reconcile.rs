@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use tracing::{info, warn};
 
 use super::client_status;
-use super::exporter_status::{self, EventSpec, HeldLease};
+use super::exporter_status::{self, EventSpec, HeldLease, mint_note};
 use super::lease_logic::{self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, UNSATISFIABLE};
 use super::settings::Settings;
 use super::token::{self, Claims, MintReason, SigningKey, TokenAction, TokenPolicy};
@@ -39,8 +39,6 @@ pub enum Error {
     Write(#[from] WriteError),
     #[error(transparent)]
     Kube(#[from] kube::Error),
-    #[error(transparent)]
-    Assign(#[from] lease_logic::AssignError),
 }
 
 impl ReconcileError for Error {
@@ -48,7 +46,6 @@ impl ReconcileError for Error {
         match self {
             Error::Write(e) => e.metric_label(),
             Error::Kube(_) => "kube",
-            Error::Assign(_) => "client_not_found",
         }
     }
     fn is_conflict(&self) -> bool {
@@ -126,7 +123,20 @@ async fn ensure_credential(
         .and_then(|s| s.data.as_ref())
         .and_then(|d| d.get("token"))
         .map(|b| b.0.as_slice());
-    match token::decide(stored, &ctx.key, subject, now, policy) {
+    let holder = token::holder(
+        &owner.kind.to_lowercase(),
+        namespace,
+        &owner.name,
+        &owner.uid,
+    );
+    // A token ucm minted for another object (its holder) is never kept, even with our subject.
+    let action = match token::decide(stored, &ctx.key, subject, now, policy) {
+        TokenAction::Keep(c) if c.holder.as_ref().is_some_and(|h| *h != holder) => {
+            TokenAction::Mint(MintReason::Replaced(token::Invalid::Subject))
+        }
+        action => action,
+    };
+    match action {
         TokenAction::Keep(claims) => {
             if let Some(secret) = &existing
                 && !has_controller_ref(&secret.metadata, owner)
@@ -142,7 +152,8 @@ async fn ensure_credential(
             Ok((claims, None))
         }
         TokenAction::Mint(reason) => {
-            let (jwt, claims) = token::mint(&ctx.key, subject, now, policy.lifetime);
+            let (jwt, claims) =
+                token::mint_for(&ctx.key, subject, Some(&holder), now, policy.lifetime);
             let data = BTreeMap::from([("token".to_string(), ByteString(jwt.into_bytes()))]);
             match existing {
                 None => {
@@ -182,16 +193,6 @@ async fn ensure_credential(
     }
 }
 
-fn mint_note(kind: &str, reason: MintReason, secret: &str) -> String {
-    match reason {
-        MintReason::Created => format!("Credential secret created for {kind}: secret={secret}"),
-        MintReason::Renewed => format!("Credential token renewed for {kind}: secret={secret}"),
-        MintReason::Replaced(_) => {
-            format!("Credential token replaced (invalid) for {kind}: secret={secret}")
-        }
-    }
-}
-
 async fn emit<K: Resource<DynamicType = ()>>(ctx: &Ctx, obj: &K, events: &[EventSpec]) {
     let regarding = obj.object_ref(&());
     for e in events {
@@ -201,8 +202,36 @@ async fn emit<K: Resource<DynamicType = ()>>(ctx: &Ctx, obj: &K, events: &[Event
             EventType::Normal
         };
         ctx.writer
-            .event(&regarding, t, e.reason, "Reconcile", e.note.clone())
+            .event(&regarding, t, e.reason, e.action(), e.note.clone())
             .await;
+    }
+}
+
+/// `CredentialCreated`, right after the Secret write that minted the token: a later failure
+/// in the same pass (a status conflict) must not lose it.
+async fn credential_event<K: Resource<DynamicType = ()>>(
+    ctx: &Ctx,
+    obj: &K,
+    kind: &str,
+    minted: Option<MintReason>,
+    secret: &str,
+) {
+    if let Some(reason) = minted {
+        let event = EventSpec {
+            warning: false,
+            reason: "CredentialCreated",
+            note: mint_note(kind, reason, secret),
+        };
+        emit(ctx, obj, &[event]).await;
+    }
+}
+
+/// A write answered 404: the object (or its Secret) was deleted meanwhile. Its deletion event
+/// brings whatever pass is still needed, so this pass ends without an error.
+fn gone_is_done(result: Result<Action, Error>) -> Result<Action, Error> {
+    match result {
+        Err(Error::Write(e)) if e.is_not_found() => Ok(Action::await_change()),
+        other => other,
     }
 }
 
@@ -227,6 +256,10 @@ async fn active_leases(ctx: &Ctx, namespace: &str) -> Result<Vec<Lease>, Error> 
 
 /// The Exporter pass (§4.2).
 pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    gone_is_done(exporter_pass(exporter, ctx).await)
+}
+
+async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let now = Timestamp::now();
     let ns = exporter.namespace().unwrap_or_default();
     let name = exporter.name_any();
@@ -241,16 +274,23 @@ pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Resul
         exporter.metadata.annotations.as_ref(),
     );
     let secret_name = format!("{name}-exporter");
-    let (claims, minted) = ensure_credential(
-        &ctx,
-        &ns,
-        &secret_name,
-        &owner,
-        &subject,
-        &ctx.settings.token,
-        now,
-    )
-    .await?;
+    let no_credential = exporter_status::credential_name_too_long("Exporter", &name, "-exporter");
+    let claims = if no_credential.is_some() {
+        None
+    } else {
+        let (claims, minted) = ensure_credential(
+            &ctx,
+            &ns,
+            &secret_name,
+            &owner,
+            &subject,
+            &ctx.settings.token,
+            now,
+        )
+        .await?;
+        credential_event(&ctx, &*exporter, "exporter", minted, &secret_name).await;
+        Some(claims)
+    };
 
     let leases = active_leases(&ctx, &ns).await?;
     let (held, several) = lease_logic::held_lease(&name, &leases);
@@ -262,25 +302,28 @@ pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Resul
         uid: l.uid(),
         client_name: l.spec.client_ref.name.clone(),
     });
-    let desired = exporter_status::desired_status(
+    let mut desired = exporter_status::desired_status(
         &exporter,
-        Some(&claims),
+        claims.as_ref(),
         held.as_ref(),
         &ctx.settings.status,
         &ctx.settings.token,
         now,
     );
+    if let Some(problem) = no_credential {
+        desired.status.credential = None;
+        let conds = desired.status.conditions.get_or_insert_with(Vec::new);
+        conditions::set(
+            conds,
+            problem,
+            exporter.metadata.generation,
+            &conditions::truncate(now),
+        );
+    }
     if desired.replaced_owing_record {
         warn!(exporter = %name, "replacing a lease-hooks record that still owes afterLease");
     }
     let mut events = Vec::new();
-    if let Some(reason) = minted {
-        events.push(EventSpec {
-            warning: false,
-            reason: "CredentialCreated",
-            note: mint_note("exporter", reason, &secret_name),
-        });
-    }
     if let Some(patch) = status_merge_patch(exporter.status.as_ref(), &desired.status) {
         let api: Api<Exporter> = Api::namespaced(ctx.client.clone(), &ns);
         let rv = exporter.resource_version().unwrap_or_default();
@@ -305,6 +348,10 @@ pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Resul
 
 /// The Client pass (§3.4).
 pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    gone_is_done(client_pass(client, ctx).await)
+}
+
+async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let now = Timestamp::now();
     let ns = client.namespace().unwrap_or_default();
     let name = client.name_any();
@@ -319,9 +366,22 @@ pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Acti
         client.metadata.annotations.as_ref(),
     );
     let secret_name = format!("{name}-client");
+    if let Some(problem) = exporter_status::credential_name_too_long("Client", &name, "-client") {
+        let status =
+            client_status::without_credential(&client, problem, &ctx.settings.status.endpoint, now);
+        if let Some(patch) = status_merge_patch(client.status.as_ref(), &status) {
+            let api: Api<Client> = Api::namespaced(ctx.client.clone(), &ns);
+            let rv = client.resource_version().unwrap_or_default();
+            ctx.writer
+                .merge_status_fenced(&api, &name, &rv, &patch)
+                .await?;
+        }
+        return Ok(Action::await_change());
+    }
     let policy = ctx.settings.token.without_renewal();
     let (claims, minted) =
         ensure_credential(&ctx, &ns, &secret_name, &owner, &subject, &policy, now).await?;
+    credential_event(&ctx, &*client, "client", minted, &secret_name).await;
     let desired = client_status::desired_status(
         &client,
         &claims,
@@ -340,7 +400,6 @@ pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Acti
     }
     let events = client_status::events(
         &name,
-        minted,
         client.status.as_ref(),
         persisted.unwrap_or(client.status.as_ref().unwrap_or(&desired.status)),
     );
@@ -350,6 +409,10 @@ pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Acti
 
 /// The Lease pass (§6): decide, write status, count, then metadata.
 pub async fn reconcile_lease(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    gone_is_done(lease_pass(lease, ctx).await)
+}
+
+async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let now = Timestamp::now();
     let ns = lease.namespace().unwrap_or_default();
     let name = lease.name_any();
@@ -368,7 +431,8 @@ pub async fn reconcile_lease(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action,
             .list(&ListParams::default())
             .await?
             .items;
-        let client = if policies.is_empty() {
+        // An empty name is a request the client library refuses; it is reported as not found.
+        let client = if policies.is_empty() || lease.spec.client_ref.name.is_empty() {
             None
         } else {
             Api::<Client>::namespaced(ctx.client.clone(), &ns)
@@ -382,7 +446,7 @@ pub async fn reconcile_lease(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action,
             policies: &policies,
             client: client.as_ref(),
             now,
-        })?;
+        });
         // Rule 5.4.3: the caches are not mutually consistent; re-check the gate on a fresh read.
         if let Assignment::Assign { exporter, .. } = &decision
             && let Some(fresh) = exporters_api.get_opt(exporter).await?

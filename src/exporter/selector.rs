@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+use crate::k8s_names;
+
 /// A selector that cannot be evaluated (an unknown operator or a malformed requirement).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidSelector(pub String);
@@ -44,10 +46,41 @@ pub fn matches(
     Ok(labels_ok && exprs_ok)
 }
 
+/// apimachinery's label key check (`IsQualifiedName`).
+fn key_problem(key: &str) -> Option<String> {
+    (!k8s_names::is_qualified_name(key)).then(|| {
+        format!(
+            "key: Invalid value: {key:?}: a label key is an optional DNS subdomain prefix and '/', then a name of at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        )
+    })
+}
+
+/// apimachinery's label value check (`IsValidLabelValue`): empty, or a name part.
+fn value_problem(key: &str, value: &str) -> Option<String> {
+    (!k8s_names::is_label_value(value)).then(|| {
+        format!(
+            "values: Invalid value: {value:?} (key {key:?}): a label value is empty or at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        )
+    })
+}
+
 /// The checks of `LabelSelectorAsSelector`: known operators, values present for In/NotIn and
-/// absent for Exists/DoesNotExist.
+/// absent for Exists/DoesNotExist, and well-formed label keys and values.
 pub fn validate(selector: &LabelSelector) -> Result<(), InvalidSelector> {
+    for (k, v) in selector.match_labels.iter().flatten() {
+        if let Some(p) = key_problem(k).or_else(|| value_problem(k, v)) {
+            return Err(InvalidSelector(p));
+        }
+    }
     for req in selector.match_expressions.iter().flatten() {
+        if let Some(p) = key_problem(&req.key).or_else(|| {
+            req.values
+                .iter()
+                .flatten()
+                .find_map(|v| value_problem(&req.key, v))
+        }) {
+            return Err(InvalidSelector(p));
+        }
         let n = req.values.as_ref().map_or(0, Vec::len);
         match req.operator.as_str() {
             "In" | "NotIn" if n == 0 => {
@@ -180,6 +213,41 @@ mod tests {
             };
             assert!(matches(&s, &labels(&[])).is_err());
         }
+    }
+
+    #[test]
+    fn malformed_label_keys_and_values_are_reported() {
+        let bad_labels = [
+            ("bad key!", "x"),
+            ("", "x"),
+            ("Example.com/a", "x"),
+            ("a/b/c", "x"),
+            (&*"k".repeat(64), "x"),
+            ("a", "not valid"),
+            ("a", &*"v".repeat(64)),
+            ("a", "-x"),
+        ];
+        for (k, v) in bad_labels {
+            let s = LabelSelector {
+                match_labels: Some(labels(&[(k, v)])),
+                ..Default::default()
+            };
+            assert!(validate(&s).is_err(), "{k:?}={v:?}");
+        }
+        let s = LabelSelector {
+            match_expressions: Some(vec![req("a", "In", &["ok", "not ok"])]),
+            ..Default::default()
+        };
+        assert!(validate(&s).unwrap_err().0.contains("\"not ok\""));
+        let good = LabelSelector {
+            match_labels: Some(labels(&[
+                ("jumpstarter.dev/board", "rpi-4"),
+                ("app.kubernetes.io/name", ""),
+                ("Board_Type", "A.b_c"),
+            ])),
+            match_expressions: Some(vec![req("example.com/site", "In", &["a", "b"])]),
+        };
+        assert_eq!(validate(&good), Ok(()));
     }
 
     #[test]

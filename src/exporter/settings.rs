@@ -3,6 +3,7 @@
 
 use jiff::SignedDuration;
 
+use super::config::ControllerConfig;
 use super::exporter_status::StatusSettings;
 use super::godur;
 use super::token::TokenPolicy;
@@ -63,9 +64,18 @@ pub struct Settings {
     pub grpc_bind_address: crate::runtime::cli::BindAddress,
     pub router_endpoint: String,
     pub heartbeat_interval: SignedDuration,
+    /// The `jumpstarter-controller` ConfigMap (defaults until [`Settings::with_config`]).
+    pub config: ControllerConfig,
 }
 
 impl Settings {
+    /// Applies the ConfigMap: its token lifetime becomes the lifetime of minted tokens.
+    pub fn with_config(mut self, config: ControllerConfig) -> Settings {
+        self.token.lifetime = config.token_lifetime;
+        self.config = config;
+        self
+    }
+
     /// Validates the flags plus the environment (`GRPC_ENDPOINT`, `CONTROLLER_KEY`).
     pub fn resolve(
         args: &Args,
@@ -131,6 +141,7 @@ impl Settings {
             grpc_bind_address,
             router_endpoint: args.router_endpoint.clone(),
             heartbeat_interval,
+            config: ControllerConfig::default(),
             status: StatusSettings {
                 offline_threshold,
                 endpoint,
@@ -225,5 +236,19 @@ mod tests {
         let s =
             Settings::resolve(&parse(&["--exporter-token-renew-before", "0"]), None, None).unwrap();
         assert!(s.token.renew_before.is_zero());
+    }
+
+    #[test]
+    fn config_map_lifetime_applies_to_minted_tokens() {
+        let s = Settings::resolve(&parse(&[]), None, None).unwrap();
+        assert_eq!(s.token.lifetime, SignedDuration::from_hours(365 * 24));
+        let config = ControllerConfig {
+            token_lifetime: SignedDuration::from_hours(2),
+            ..ControllerConfig::default()
+        };
+        let s = s.with_config(config.clone());
+        assert_eq!(s.token.lifetime, SignedDuration::from_hours(2));
+        assert_eq!(s.token.renew_before, SignedDuration::from_hours(720));
+        assert_eq!(s.config, config);
     }
 }

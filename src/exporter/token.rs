@@ -119,6 +119,19 @@ pub struct Claims {
     pub sub: String,
     pub iat: i64,
     pub exp: i64,
+    /// (OURS) Unique per mint, so a token rotated within the same second is still a new token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jti: Option<String>,
+    /// (OURS) The object ucm minted the token for (`<kind>:<namespace>:<name>:<uid>`, see
+    /// [`holder`]). The subject alone can be claimed by any object through the migration
+    /// annotations; the holder cannot, so auth checks it whenever present. Tokens minted
+    /// elsewhere (migrated from upstream) have none and are judged by subject, as upstream does.
+    #[serde(
+        default,
+        rename = "ucm.io/holder",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub holder: Option<String>,
 }
 
 fn string_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -176,6 +189,17 @@ pub fn mint(
     now: Timestamp,
     lifetime: SignedDuration,
 ) -> (String, Claims) {
+    mint_for(key, sub, None, now, lifetime)
+}
+
+/// [`mint`] for the object `holder` names (see [`Claims::holder`]).
+pub fn mint_for(
+    key: &SigningKey,
+    sub: &str,
+    holder: Option<&str>,
+    now: Timestamp,
+    lifetime: SignedDuration,
+) -> (String, Claims) {
     let iat = now.as_second();
     let claims = Claims {
         iss: ISSUER.to_string(),
@@ -183,7 +207,19 @@ pub fn mint(
         sub: sub.to_string(),
         iat,
         exp: iat.saturating_add(lifetime.as_secs()),
+        jti: Some(format!("{:032x}", rand::random::<u128>())),
+        holder: holder.map(str::to_string),
     };
+    (sign(key, &claims), claims)
+}
+
+/// The object a token is minted for: the subject's form without the migration annotations.
+pub fn holder(kind_prefix: &str, namespace: &str, name: &str, uid: &str) -> String {
+    format!("{kind_prefix}:{namespace}:{name}:{uid}")
+}
+
+/// Signs `claims` as an ES256 JWT with kid `default` (the form of every internal token).
+pub fn sign(key: &SigningKey, claims: &Claims) -> String {
     let header = Header {
         alg: "ES256".into(),
         kid: Some(KEY_ID.into()),
@@ -192,11 +228,10 @@ pub fn mint(
     let signing_input = format!(
         "{}.{}",
         B64.encode(serde_json::to_vec(&header).expect("header serialises")),
-        B64.encode(serde_json::to_vec(&claims).expect("claims serialise"))
+        B64.encode(serde_json::to_vec(claims).expect("claims serialise"))
     );
     let signature: Signature = key.inner.sign(signing_input.as_bytes());
-    let token = format!("{signing_input}.{}", B64.encode(signature.to_bytes()));
-    (token, claims)
+    format!("{signing_input}.{}", B64.encode(signature.to_bytes()))
 }
 
 /// Verifies alg, signature, `iss`, `aud` and `exp` (rule 4.1.4). The subject is the caller's check.
@@ -580,6 +615,8 @@ mod tests {
             sub: "s".into(),
             iat: NOW,
             exp: NOW + lifetime_days * DAY,
+            jti: None,
+            holder: None,
         };
         // 365 d: R = 30 d.
         assert_eq!(p.renewal_at(&claims(365)), Some(ts(NOW + 335 * DAY)));

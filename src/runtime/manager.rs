@@ -135,6 +135,11 @@ pub async fn run(
 
     let mut tasks = JoinSet::new();
     for f in &features {
+        // Registered before the task runs: /readyz must not answer 200 in between.
+        rt.health.set(
+            &f.check_name(),
+            Err("starting: waiting for its CRDs".into()),
+        );
         tasks.spawn(run_feature(f, rt.clone(), matches.clone()));
     }
 

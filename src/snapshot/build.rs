@@ -164,6 +164,8 @@ pub mod reason {
     pub const BARRIER_EXPIRED: &str = "BarrierExpired";
     pub const CUT_FAILED: &str = "CutFailed";
     pub const TEARDOWN_PENDING: &str = "TeardownPending";
+    /// OURS: a replica node name that cannot form its teardown finalizer.
+    pub const INVALID_VOLUME: &str = "InvalidVolume";
     /// Every reason the manager writes, for validation tests.
     pub const ALL: &[&str] = &[
         SNAPSHOT_READY,
@@ -174,6 +176,7 @@ pub mod reason {
         BARRIER_EXPIRED,
         CUT_FAILED,
         TEARDOWN_PENDING,
+        INVALID_VOLUME,
     ];
 }
 
@@ -195,6 +198,13 @@ pub fn teardown_nodes(s: &MiroirSnapshot) -> Vec<String> {
         .filter_map(|f| f.strip_prefix(FINALIZER_PREFIX))
         .map(str::to_string)
         .collect()
+}
+
+/// Whether `node` can form its teardown finalizer: the API server refuses a finalizer whose
+/// name part (`teardown-<node>`) is over 63 characters or is not letters, digits, `-`, `_` and
+/// `.` ending in a letter or digit, so such a node could never be protected.
+pub fn finalizer_node_ok(node: &str) -> bool {
+    crate::k8s_names::is_qualified_name(&teardown_finalizer(node))
 }
 
 /// The heartbeat age of `node`'s agent, None if it never renewed.
@@ -323,6 +333,14 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
     for n in volume.replica_nodes() {
         let f = teardown_finalizer(&n);
         if !finalizers.contains(&f) {
+            // OURS: the API server would refuse the finalizer on every pass; say so instead.
+            if !finalizer_node_ok(&n) {
+                let msg = format!(
+                    "MiroirVolume {}: replica node {n:?} cannot carry the teardown finalizer {f:?} (node names of at most 54 letters, digits, '-', '_' or '.', ending in a letter or digit); fix the volume's spec.replicas or delete this snapshot",
+                    snap.spec.volume_name
+                );
+                return Decision::wait(Some(Ready::new(false, reason::INVALID_VOLUME, msg)), None);
+            }
             finalizers.push(f);
             missing = true;
         }
@@ -762,6 +780,28 @@ mod tests {
             "MiroirVolume pvc-1 not found; create it or delete this snapshot"
         );
         assert_eq!(d.requeue_at, None);
+    }
+
+    #[test]
+    fn row5_a_node_that_cannot_carry_a_finalizer_is_reported() {
+        for bad in ["", &"n".repeat(55), "node/a", "node-", "Node A"] {
+            let mut s = snap();
+            s.metadata.finalizers = None;
+            let mut c = Case::new(s, at(0));
+            c.volume = Some(volume(
+                json!([{"node": "a", "backend": "zfs"}, {"node": bad, "backend": "zfs"}]),
+                json!({}),
+            ));
+            let d = c.decide();
+            assert_eq!(d.step, Step::Wait, "{bad:?}");
+            let r = d.ready.unwrap();
+            assert_eq!(r.reason, reason::INVALID_VOLUME);
+            assert!(r.message.contains(&format!("{bad:?}")), "{}", r.message);
+            assert!(r.message.contains("fix the volume's spec.replicas"));
+        }
+        for ok in ["a", &"n".repeat(54), "ip-10-0-0-1.ec2.internal", "Node_A"] {
+            assert!(finalizer_node_ok(ok), "{ok}");
+        }
     }
 
     #[test]

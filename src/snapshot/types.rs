@@ -47,6 +47,9 @@ pub struct MiroirSnapshotSpec {
     /// Immutable: the backend CoW snapshots were cut on the source volume's
     /// replicas, so retargeting the reference would point restores and
     /// per-node teardown at a volume that never held them.
+    // OURS: minLength 1. The seed marks it required; an empty name references no volume and,
+    // being immutable, could never be fixed.
+    #[schemars(length(min = 1))]
     #[schemars(extend("x-kubernetes-validations" = [{
         "rule": "self == oldSelf",
         "message": "volumeName is immutable: the snapshot's backend data lives on the volume it was cut from"

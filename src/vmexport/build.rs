@@ -61,6 +61,7 @@ pub const REASON_UNSUPPORTED_SOURCE: &str = "UnsupportedSource";
 pub const REASON_SOURCE_API_NOT_INSTALLED: &str = "SourceAPINotInstalled";
 pub const REASON_POD_CREATION_FAILED: &str = "PodCreationFailed";
 pub const REASON_OBJECT_CREATION_FAILED: &str = "ObjectCreationFailed";
+pub const REASON_INVALID_TOKEN_SECRET_REF: &str = "InvalidTokenSecretRef";
 
 /// Every reason this feature writes, for validation tests.
 pub const ALL_REASONS: &[&str] = &[
@@ -83,6 +84,7 @@ pub const ALL_REASONS: &[&str] = &[
     REASON_NOT_ALL_PVCS_READY,
     REASON_UNSUPPORTED_SOURCE,
     REASON_SOURCE_API_NOT_INSTALLED,
+    REASON_INVALID_TOKEN_SECRET_REF,
     REASON_POD_CREATION_FAILED,
     REASON_OBJECT_CREATION_FAILED,
 ];
@@ -137,6 +139,17 @@ pub fn unsupported_source_message(spec: &VirtualMachineExportSpec) -> String {
         "source kind {:?} in API group {:?} is not supported; supported sources are PersistentVolumeClaim (core group), VirtualMachine (kubevirt.io) and VirtualMachineSnapshot (snapshot.kubevirt.io)",
         spec.source.kind, group
     )
+}
+
+/// OURS: a `spec.tokenSecretRef` that is not a Secret name can never be mounted, so the export
+/// Pod would wait in ContainerCreating forever, and the spec cannot change. `Skipped` says so.
+pub fn token_secret_ref_problem(spec: &VirtualMachineExportSpec) -> Option<String> {
+    let name = spec.token_secret_ref.as_deref()?;
+    (!crate::k8s_names::is_dns_subdomain(name)).then(|| {
+        format!(
+            "spec.tokenSecretRef {name:?} is not a valid Secret name (lower-case letters, digits, '-' and '.', at most 253 characters); the spec cannot change, so delete this export and create one that names an existing Secret, or leave tokenSecretRef out to get a generated token"
+        )
+    })
 }
 
 // ---- TTL (§12) ----

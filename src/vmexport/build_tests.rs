@@ -113,6 +113,22 @@ fn input<'a>(e: &'a VirtualMachineExport, vols: &'a [ExportVolume], vm: bool) ->
 }
 
 #[test]
+fn token_secret_refs_that_cannot_name_a_secret() {
+    let mut spec = export("e").spec;
+    assert_eq!(token_secret_ref_problem(&spec), None);
+    for ok in ["secret-e1", "a.b-c", &"s".repeat(253)] {
+        spec.token_secret_ref = Some(ok.into());
+        assert_eq!(token_secret_ref_problem(&spec), None, "{ok}");
+    }
+    for bad in ["", "Bad_Name", "a/b", "-a", "a..b", &"s".repeat(254)] {
+        spec.token_secret_ref = Some(bad.into());
+        let m = token_secret_ref_problem(&spec).unwrap_or_else(|| panic!("{bad:?}"));
+        assert!(m.contains("is not a valid Secret name"), "{m}");
+        assert!(m.contains("delete this export"), "{m}");
+    }
+}
+
+#[test]
 fn classify_sources() {
     let mut spec = export("e").spec;
     assert_eq!(classify_source(&spec), SourceKind::Pvc);

@@ -288,6 +288,10 @@ pub async fn reconcile(
             src
         }
     };
+    let source = match token_secret_ref_problem(&export.spec) {
+        Some(msg) => unavailable(PHASE_SKIPPED, REASON_INVALID_TOKEN_SECRET_REF, msg),
+        None => source,
+    };
     if let Some(t) = &export.spec.token_secret_ref {
         status.token_secret_ref = Some(t.clone());
     }

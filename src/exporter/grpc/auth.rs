@@ -6,7 +6,7 @@ use jiff::Timestamp;
 use kube::{Api, Resource, ResourceExt};
 use tonic::{Request, Status};
 
-use super::super::token::{self, DEFAULT_PREFIX, SigningKey};
+use super::super::token::{self, SigningKey};
 use super::super::types::{Client, Exporter};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,10 +59,11 @@ pub fn bearer<T>(req: &Request<T>) -> Result<&str, Status> {
 /// The pure part: token and metadata. Returns the caller and the username from the token.
 pub fn identify<T>(
     key: &SigningKey,
+    prefix: &str,
     req: &Request<T>,
     watched: Option<&str>,
     now: Timestamp,
-) -> Result<(Caller, String), Status> {
+) -> Result<(Caller, String, Option<String>), Status> {
     let tok = bearer(req)?;
     let claims = token::verify(key, tok, now)
         .map_err(|e| Status::unauthenticated(format!("authentication failed: {e}")))?;
@@ -88,11 +89,31 @@ pub fn identify<T>(
             name,
             kind,
         },
-        format!("{DEFAULT_PREFIX}{}", claims.sub),
+        format!("{prefix}{}", claims.sub),
+        claims.holder,
     ))
 }
 
+/// A token ucm minted names the object it was minted for (its holder); it must be this one, so
+/// migration annotations on another object cannot borrow this object's identity.
+fn holds<K: Resource<DynamicType = ()>>(
+    holder: Option<&str>,
+    kind_prefix: &str,
+    namespace: &str,
+    obj: &K,
+) -> bool {
+    holder.is_none_or(|h| {
+        h == token::holder(
+            kind_prefix,
+            namespace,
+            &obj.name_any(),
+            obj.meta().uid.as_deref().unwrap_or_default(),
+        )
+    })
+}
+
 fn accepted<K: Resource<DynamicType = ()>>(
+    prefix: &str,
     obj: &K,
     kind_prefix: &str,
     namespace: &str,
@@ -105,7 +126,7 @@ fn accepted<K: Resource<DynamicType = ()>>(
         obj.meta().uid.as_deref().unwrap_or_default(),
         obj.meta().annotations.as_ref(),
     );
-    let mut v = vec![format!("{DEFAULT_PREFIX}{subject}")];
+    let mut v = vec![format!("{prefix}{subject}")];
     v.extend(spec_username.map(str::to_string));
     v
 }
@@ -114,11 +135,12 @@ fn accepted<K: Resource<DynamicType = ()>>(
 pub async fn authorize<T>(
     client: &kube::Client,
     key: &SigningKey,
+    prefix: &str,
     watched: Option<&str>,
     req: &Request<T>,
     allowed: &[Kind],
 ) -> Result<Caller, Status> {
-    let (caller, username) = identify(key, req, watched, Timestamp::now())?;
+    let (caller, username, holder) = identify(key, prefix, req, watched, Timestamp::now())?;
     if !allowed.contains(&caller.kind) {
         return Err(Status::permission_denied(format!(
             "this call is not available to a {:?}",
@@ -139,7 +161,11 @@ pub async fn authorize<T>(
                 .await
                 .map_err(|_| Status::unavailable("cannot read the caller's object"))?
                 .ok_or_else(denied)?;
+            if !holds(holder.as_deref(), "exporter", &caller.namespace, &obj) {
+                return Err(denied());
+            }
             accepted(
+                prefix,
                 &obj,
                 "exporter",
                 &caller.namespace,
@@ -153,7 +179,11 @@ pub async fn authorize<T>(
                 .await
                 .map_err(|_| Status::unavailable("cannot read the caller's object"))?
                 .ok_or_else(denied)?;
+            if !holds(holder.as_deref(), "client", &caller.namespace, &obj) {
+                return Err(denied());
+            }
             accepted(
+                prefix,
                 &obj,
                 "client",
                 &caller.namespace,
@@ -170,6 +200,7 @@ pub async fn authorize<T>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::super::token::DEFAULT_PREFIX;
     use super::*;
     use jiff::SignedDuration;
 
@@ -214,12 +245,15 @@ mod tests {
             now - SignedDuration::from_hours(2),
             SignedDuration::from_hours(1),
         );
-        let (c, user) = identify(&key, &req(Some(&good), MD), None, now).unwrap();
+        let (c, user, _) =
+            identify(&key, DEFAULT_PREFIX, &req(Some(&good), MD), None, now).unwrap();
         assert_eq!(
             (c.kind, c.name.as_str(), user.as_str()),
             (Kind::Exporter, "e1", "internal:exporter:lab:e1:u")
         );
-        let code = |r: Request<()>, w: Option<&str>| identify(&key, &r, w, now).unwrap_err();
+        let code = |r: Request<()>, w: Option<&str>| {
+            identify(&key, DEFAULT_PREFIX, &r, w, now).unwrap_err()
+        };
         assert_eq!(
             code(req(None, MD), None).code(),
             tonic::Code::Unauthenticated

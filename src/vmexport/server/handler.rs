@@ -18,7 +18,7 @@ use super::config::{Config, VolumeConfig};
 use super::dir::{self, Resolved};
 use super::pgzip::{ParallelGzWriter, default_workers};
 use super::range::{RangeReq, parse_range};
-use super::ready::{Readiness, image_path};
+use super::ready::{Readiness, image_file, is_refused};
 use super::tar::write_tar;
 use crate::vmexport::build::{READINESS_PATH, TOKEN_HEADER};
 use crate::vmexport::naming;
@@ -197,16 +197,19 @@ async fn handle_inner(state: &Arc<State>, req: Request<hyper::body::Incoming>) -
                 return full(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
             }
             let v = &state.cfg.volumes[vol.unwrap_or(0)];
-            serve_file(&st, image_path(v), "raw", range.as_deref(), head, path)
+            match image_file(v) {
+                Ok(p) => serve_file(&st, p, "raw", range.as_deref(), head, path),
+                Err(e) => image_error(v, &e),
+            }
         }
         Route::Gzip => {
             if method != Method::GET {
                 return full(StatusCode::BAD_REQUEST, "only GET is supported\n");
             }
-            let p = image_path(&state.cfg.volumes[vol.unwrap_or(0)]);
-            let f = match File::open(&p) {
+            let v = &state.cfg.volumes[vol.unwrap_or(0)];
+            let f = match image_file(v).and_then(File::open) {
                 Ok(f) => f,
-                Err(e) => return volume_error(&state.cfg.volumes[vol.unwrap_or(0)], &e),
+                Err(e) => return image_error(v, &e),
             };
             let body = stream_body("gzip", st.bytes_served.clone(), path, move |sink| {
                 gzip_file(&f, sink)
@@ -295,6 +298,16 @@ async fn handle_inner(state: &Arc<State>, req: Request<hyper::body::Incoming>) -
             manifest(state, route == Route::ManifestAll, external, yaml)
         }
     }
+}
+
+/// A refused `disk.img` is "not found" (nothing outside a volume exists for a client); other
+/// errors are the volume's.
+fn image_error(v: &VolumeConfig, e: &io::Error) -> Response<Body> {
+    if is_refused(e) {
+        tracing::warn!(volume = %v.name, error = %e, "refused to serve disk.img");
+        return full(StatusCode::NOT_FOUND, "404 page not found\n");
+    }
+    volume_error(v, e)
 }
 
 fn volume_error(v: &VolumeConfig, e: &io::Error) -> Response<Body> {

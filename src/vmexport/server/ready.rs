@@ -11,11 +11,45 @@ use super::config::VolumeConfig;
 
 pub const RECHECK: Duration = Duration::from_secs(5);
 
-/// The file an image volume serves: the device node itself, or `disk.img` in the mount.
-pub fn image_path(v: &VolumeConfig) -> PathBuf {
+/// Why an image volume's `disk.img` is not served although it exists.
+#[derive(Debug)]
+pub struct Refused(&'static str);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Whether `e` is a [`Refused`] image: the caller answers 404, as for any path outside a volume.
+pub fn is_refused(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|r| r.is::<Refused>())
+}
+
+/// The file an image volume serves: the device node itself, or `disk.img` in the mount. The
+/// volume's content is the user's, so a `disk.img` that leads outside the volume (a symlink to
+/// the server's key or token, say) or is not a regular file (a FIFO would block the server) is
+/// refused, like anything outside the root of the `dir` format (§13.4.4).
+pub fn image_file(v: &VolumeConfig) -> std::io::Result<PathBuf> {
     match fs::metadata(&v.path) {
-        Ok(m) if m.is_dir() => v.path.join("disk.img"),
-        _ => v.path.clone(),
+        Ok(m) if m.is_dir() => {
+            let root = v.path.canonicalize()?;
+            let real = v.path.join("disk.img").canonicalize()?;
+            if !real.starts_with(&root) {
+                return Err(std::io::Error::other(Refused(
+                    "disk.img leads outside the volume",
+                )));
+            }
+            if !fs::metadata(&real)?.is_file() {
+                return Err(std::io::Error::other(Refused(
+                    "disk.img is not a regular file",
+                )));
+            }
+            Ok(real)
+        }
+        _ => Ok(v.path.clone()),
     }
 }
 
@@ -31,7 +65,7 @@ pub fn check_volume(v: &VolumeConfig) -> Result<(), String> {
         format!("volume {}{shown}: {e}", v.name)
     };
     if v.is_image() {
-        let p = image_path(v);
+        let p = image_file(v).map_err(|e| fail(&v.path.join("disk.img"), e))?;
         File::open(&p).map(|_| ()).map_err(|e| fail(&p, e))
     } else {
         let entries = fs::read_dir(&v.path).map_err(|e| fail(&v.path, e))?;
@@ -88,5 +122,53 @@ impl Readiness {
             }
         }
         st.1.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume(path: &Path) -> VolumeConfig {
+        VolumeConfig {
+            index: 0,
+            name: "v".into(),
+            path: path.to_path_buf(),
+            raw_uri: Some("/volumes/v/disk.img".into()),
+            gzip_uri: None,
+            archive_uri: None,
+            dir_uri: None,
+        }
+    }
+
+    #[test]
+    fn disk_img_must_be_a_regular_file_inside_the_volume() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("key"), "secret").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let v = volume(root.path());
+        // Missing: an ordinary error (not refused).
+        let e = image_file(&v).unwrap_err();
+        assert!(!is_refused(&e));
+        // A symlink out of the volume is refused, and so is the readiness check.
+        std::os::unix::fs::symlink(outside.path().join("key"), root.path().join("disk.img"))
+            .unwrap();
+        assert!(is_refused(&image_file(&v).unwrap_err()));
+        let msg = check_volume(&v).unwrap_err();
+        assert!(msg.contains("leads outside the volume"), "{msg}");
+        assert!(!msg.contains(outside.path().to_str().unwrap()), "{msg}");
+        // A directory is not an image.
+        std::fs::remove_file(root.path().join("disk.img")).unwrap();
+        std::fs::create_dir(root.path().join("disk.img")).unwrap();
+        assert!(is_refused(&image_file(&v).unwrap_err()));
+        // A symlink inside the volume is followed.
+        std::fs::remove_dir(root.path().join("disk.img")).unwrap();
+        std::fs::write(root.path().join("v2.img"), "img").unwrap();
+        std::os::unix::fs::symlink("v2.img", root.path().join("disk.img")).unwrap();
+        let p = image_file(&v).unwrap();
+        assert_eq!(std::fs::read(p).unwrap(), b"img");
+        // A device path (not a directory) is served as configured.
+        let dev = volume(&root.path().join("v2.img"));
+        assert_eq!(image_file(&dev).unwrap(), root.path().join("v2.img"));
     }
 }

@@ -1,0 +1,100 @@
+//! Start-up inputs that live in the manager's namespace (the `jumpstarter-controller`
+//! ConfigMap, the signing key Secrets): while one is missing or invalid the feature reports not
+//! ready with the reason (spec §9) and waits for that object to change, then starts by itself.
+//! Event-driven: a watch on the one object plus leadership changes, no polling.
+
+use std::fmt::Debug;
+use std::future::Future;
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use tracing::{info, warn};
+
+use super::config::{self, CONFIGMAP};
+use crate::runtime::Runtime;
+
+/// One evaluation of a start-up input.
+pub enum Step<T> {
+    Done(T),
+    /// Not usable yet; the message is the feature's readiness failure.
+    Wait(String),
+}
+
+/// Runs `step` until it is `Done`, re-running it whenever the named object in the manager's
+/// namespace changes or leadership changes. `None` means shutdown came first.
+pub async fn settle<K, T, F, Fut>(rt: &Runtime, name: &str, mut step: F) -> Option<T>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + 'static,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Step<T>>,
+{
+    let check = super::FEATURE.check_name();
+    let api: Api<K> = rt.own_namespace();
+    let mut changes = watcher(
+        api,
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    )
+    .default_backoff()
+    .boxed();
+    let mut leading = rt.leadership.subscribe();
+    let (mut leading_open, mut watching) = (true, true);
+    let mut last: Option<String> = None;
+    loop {
+        match step().await {
+            Step::Done(v) => {
+                if last.is_some() {
+                    info!(object = name, "start-up input is usable now");
+                    rt.health.set(
+                        &check,
+                        Err("starting: waiting for the feature's watches to list".into()),
+                    );
+                }
+                return Some(v);
+            }
+            Step::Wait(msg) => {
+                if last.as_ref() != Some(&msg) {
+                    warn!(feature = "exporter", "not ready: {msg}");
+                    rt.health.set(&check, Err(msg.clone()));
+                    last = Some(msg);
+                }
+            }
+        }
+        tokio::select! {
+            _ = rt.shutdown.cancelled() => return None,
+            e = changes.next(), if watching => watching = e.is_some(),
+            r = leading.changed(), if leading_open => leading_open = r.is_ok(),
+        }
+    }
+}
+
+/// Reads and validates the ConfigMap; waits while it exists but does not parse.
+pub async fn load_config(rt: &Runtime) -> Option<config::Loaded> {
+    let api: Api<ConfigMap> = rt.own_namespace();
+    let ns = rt.config.manager_namespace.clone();
+    settle::<ConfigMap, _, _, _>(rt, CONFIGMAP, || {
+        let api = api.clone();
+        let ns = ns.clone();
+        async move {
+            match api.get_opt(CONFIGMAP).await {
+                Err(e) => Step::Wait(format!("cannot read ConfigMap {CONFIGMAP}: {e}")),
+                Ok(cm) => {
+                    let data = cm.map(|c| c.data.unwrap_or_default());
+                    match config::parse(data.as_ref(), &ns) {
+                        Ok(loaded) => Step::Done(loaded),
+                        Err(msg) => Step::Wait(msg),
+                    }
+                }
+            }
+        }
+    })
+    .await
+}
