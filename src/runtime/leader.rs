@@ -129,8 +129,18 @@ impl Leadership {
         }
     }
 
-    fn renewed(&self) {
-        *self.inner.renewed_at.lock().expect("lock") = Some(Instant::now());
+    /// A successful renewal. If the margin had lapsed (no renewal within the renew deadline,
+    /// while the elector had not yet declared the loss), reconciles in that gap saw "not
+    /// leader" and were dropped without a requeue, and writes were refused: count it as a new
+    /// acquisition so every object is reconciled again. Returns whether it had lapsed.
+    fn renewed(&self) -> bool {
+        let now = Instant::now();
+        let previous = self.inner.renewed_at.lock().expect("lock").replace(now);
+        let lapsed = previous.is_some_and(|t| now.duration_since(t) >= self.inner.renew_deadline);
+        if lapsed {
+            self.inner.acquired.send_modify(|n| *n += 1);
+        }
+        lapsed
     }
 
     fn last_renewal(&self) -> Option<Instant> {
@@ -328,7 +338,11 @@ impl Elector {
             Ok(_) => {
                 let was = *self.leadership.inner.state.borrow();
                 if was {
-                    self.leadership.renewed();
+                    if self.leadership.renewed() {
+                        warn!(
+                            "leadership renewed after lapsing past the renew deadline; reconciling everything again"
+                        );
+                    }
                 } else {
                     self.leadership.set(true);
                     info!(identity = %self.cfg.identity, "acquired leadership");
@@ -593,6 +607,34 @@ mod tests {
             "a leader that has not renewed within the deadline must not write"
         );
         assert!(Leadership::always().is_leader());
+    }
+
+    /// Reconciles that ran while the margin had lapsed returned without a requeue; a renewal
+    /// that ends the lapse (without the elector declaring a loss in between) must re-enqueue
+    /// everything, like an acquisition. A timely renewal must not.
+    #[test]
+    fn a_renewal_after_a_lapse_counts_as_an_acquisition() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = Leadership::elected(Duration::from_millis(50));
+            let mut acq = Box::pin(l.acquisitions());
+            l.set(true);
+            acq.next().await.unwrap();
+            assert!(!l.renewed(), "a timely renewal is not a lapse");
+            let next = tokio::time::timeout(Duration::from_millis(20), acq.next()).await;
+            assert!(next.is_err(), "a timely renewal re-enqueued everything");
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            assert!(!l.is_leader(), "lapsed");
+            assert!(l.renewed());
+            assert!(l.is_leader());
+            tokio::time::timeout(Duration::from_secs(1), acq.next())
+                .await
+                .expect("the renewal after the lapse re-enqueues everything")
+                .unwrap();
+        });
     }
 
     #[test]
