@@ -21,7 +21,7 @@ GO_SOURCES  := $(shell find e2e/cmd -name '*.go' 2>/dev/null) e2e/go.mod e2e/go.
 
 export GOTOOLCHAIN := local
 
-.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench
+.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench soak
 
 build:
 	$(CARGO) build
@@ -76,3 +76,9 @@ run: build cluster
 # Benchmarks measured so far (the full suite of issue 9 is still to come): snapshot barrier-held time.
 bench: cluster build
 	$(CARGO) bench --profile dev --bench snapshot_barrier
+
+# Reliability soak (not part of `make test`): every feature churned for SOAK_MINUTES (default
+# 10) behind a proxy that drops the manager's connections for the first minute; prints the
+# summary the README quotes (RSS, open fds, reconcile errors).
+soak: cluster build
+	SOAK_MINUTES=$(or $(SOAK_MINUTES),10) hack/soak.sh

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts one local control plane, runs the e2e tests (the #[ignore]d ones) against it, stops it.
-# Extra arguments go to the test binaries (e.g. a test name filter).
+# Extra arguments go to the test binaries (e.g. a test name filter); leading `--test <binary>`
+# pairs select test binaries instead of all of them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/ucm-e2e-XXXXXX)
@@ -24,4 +25,10 @@ done
 echo "control plane ready in $(( $(date +%s) - start ))s"
 export UCM_E2E_KUBECONFIG=$(sed -n 's/^READY //p' "$work/ready")
 cd "$root"
-cargo test --locked --no-fail-fast --tests -- --ignored --test-threads="${E2E_THREADS:-4}" "$@"
+targets=()
+while [[ ${1:-} == --test && -n ${2:-} ]]; do
+  targets+=(--test "$2")
+  shift 2
+done
+(( ${#targets[@]} )) || targets=(--tests)
+cargo test --locked --no-fail-fast "${targets[@]}" -- --ignored --test-threads="${E2E_THREADS:-4}" "$@"
