@@ -9,7 +9,7 @@
 //! deadline without a successful renewal; standbys watch the Lease so a release is taken over at once.
 
 use std::{
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::Ordering},
     time::{Duration, Instant},
 };
 
@@ -237,6 +237,7 @@ impl Election {
             leadership: leadership.clone(),
             metrics,
             cfg,
+            label_pending: Default::default(),
         };
         let task = tokio::spawn(elector.run(stop.clone()));
         (leadership, Election { stop, task })
@@ -256,6 +257,10 @@ struct Elector {
     leadership: Leadership,
     metrics: Arc<Metrics>,
     cfg: ElectionConfig,
+    /// The leader label is not (yet) known to be on our Pod and off every other: retried
+    /// after each renewal until it is, since one failed write at acquisition would otherwise
+    /// leave leader-only Services without an endpoint until the next acquisition.
+    label_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Elector {
@@ -346,7 +351,10 @@ impl Elector {
                 } else {
                     self.leadership.set(true);
                     info!(identity = %self.cfg.identity, "acquired leadership");
-                    self.set_pod_label(true).await;
+                    self.label_pending.store(true, Ordering::SeqCst);
+                }
+                if self.label_pending.load(Ordering::SeqCst) && self.set_pod_label(true).await {
+                    self.label_pending.store(false, Ordering::SeqCst);
                 }
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -465,10 +473,12 @@ impl Elector {
 
     /// Labels our Pod as leader (and unlabels any former leader that lost without releasing), or
     /// removes our label on release. Without POD_NAME (outside a cluster) there is no Pod.
-    async fn set_pod_label(&self, leading: bool) {
+    /// Returns whether every write succeeded.
+    async fn set_pod_label(&self, leading: bool) -> bool {
         let Some(pod) = &self.cfg.pod_name else {
-            return;
+            return true;
         };
+        let mut ok = true;
         let pp = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
@@ -476,12 +486,17 @@ impl Elector {
         let patch = |v: serde_json::Value| {
             Patch::Merge(serde_json::json!({"metadata": {"labels": {LEADER_LABEL: v}}}))
         };
-        if leading
-            && let Ok(list) = self
-                .pods
+        let others = if leading {
+            self.pods
                 .list(&ListParams::default().labels(&format!("{LEADER_LABEL}=true")))
                 .await
-        {
+                .inspect_err(|e| warn!(error = %e, "could not list Pods carrying the leader label"))
+                .ok()
+        } else {
+            None
+        };
+        ok &= !leading || others.is_some();
+        if let Some(list) = others {
             for other in list
                 .items
                 .iter()
@@ -494,6 +509,7 @@ impl Elector {
                     .await
                 {
                     warn!(pod = other, error = %e, "could not remove the leader label from a former leader");
+                    ok = false;
                 }
             }
         }
@@ -504,7 +520,9 @@ impl Elector {
         };
         if let Err(e) = self.pods.patch(pod, &pp, &patch(value)).await {
             warn!(pod = %pod, error = %e, "could not update the leader label on our Pod");
+            ok = false;
         }
+        ok
     }
 }
 
