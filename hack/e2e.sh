@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
 # Starts one local control plane, runs the e2e tests (the #[ignore]d ones) against it, stops it.
-# Extra arguments go to the test binaries (e.g. a test name filter); leading `--test <binary>`
-# pairs select test binaries instead of all of them.
+# `--test <binary>` (repeatable) picks test binaries (default: all); other arguments go to the test
+# binaries (e.g. a test name filter):  hack/e2e.sh --test jumpstarter [filter]
 set -euo pipefail
+targets=()
+filters=()
+while (($#)); do
+  if [[ $1 == --test && $# -ge 2 ]]; then
+    targets+=(--test "$2")
+    shift 2
+  else
+    filters+=("$1")
+    shift
+  fi
+done
+((${#targets[@]})) || targets=(--tests)
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/ucm-e2e-XXXXXX)
 "$root/e2e/bin/kharness" serve --dir "$work/cluster" --with-kcm --rm-dir >"$work/ready" 2>"$work/harness.log" &
@@ -25,10 +37,4 @@ done
 echo "control plane ready in $(( $(date +%s) - start ))s"
 export UCM_E2E_KUBECONFIG=$(sed -n 's/^READY //p' "$work/ready")
 cd "$root"
-targets=()
-while [[ ${1:-} == --test && -n ${2:-} ]]; do
-  targets+=(--test "$2")
-  shift 2
-done
-(( ${#targets[@]} )) || targets=(--tests)
-cargo test --locked --no-fail-fast "${targets[@]}" -- --ignored --test-threads="${E2E_THREADS:-4}" "$@"
+cargo test --locked --no-fail-fast "${targets[@]}" -- --ignored --test-threads="${E2E_THREADS:-4}" "${filters[@]}"

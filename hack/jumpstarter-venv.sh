@@ -2,17 +2,19 @@
 # Creates (once) the virtualenv holding the pinned Jumpstarter 0.9.0 Python packages that the
 # wire-schema check and the real-exporter e2e tests use, and prints its path on stdout.
 #
-#   hack/jumpstarter-venv.sh            # prints e.g. /root/.cache/ucm/venv-jumpstarter
+#   hack/jumpstarter-venv.sh            # prints e.g. /root/.cache/ucm/venv-jumpstarter-<hash>
 #
-# UCM_JUMPSTARTER_VENV overrides the location. The venv is rebuilt when this file's pins change
-# (a stamp holds their hash). Any failure exits non-zero with pip's message: callers fail loudly.
+# UCM_JUMPSTARTER_VENV overrides the location. The directory name carries a hash of the pins, so
+# checkouts with different pins never rebuild each other's venv; a lock serialises concurrent
+# callers (parallel tests), and a venv counts as built only once its stamp is written. Any failure
+# exits non-zero with pip's message: callers fail loudly.
 set -euo pipefail
-venv=${UCM_JUMPSTARTER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ucm/venv-jumpstarter}
 python=${PYTHON:-python3}
 pins=(
   jumpstarter==0.9.0
   jumpstarter-protocol==0.9.0
   jumpstarter-driver-power==0.9.0
+  jumpstarter-driver-composite==0.9.0
   jumpstarter-cli==0.9.0
   jumpstarter-cli-admin==0.9.0
   googleapis-common-protos==1.76.0
@@ -20,13 +22,19 @@ pins=(
   grpcio==1.85.3
 )
 stamp=$(printf '%s\n' "${pins[@]}" | sha256sum | cut -c1-16)
+venv=${UCM_JUMPSTARTER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ucm/venv-jumpstarter-$stamp}
 if [[ -f "$venv/.ucm-stamp" && "$(cat "$venv/.ucm-stamp")" == "$stamp" ]]; then
   echo "$venv"
   exit 0
 fi
-rm -rf "$venv"
 mkdir -p "$(dirname "$venv")"
-"$python" -m venv "$venv" >&2
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}" >&2
-echo "$stamp" >"$venv/.ucm-stamp"
+exec 9>"$venv.lock"
+flock 9
+if [[ ! -f "$venv/.ucm-stamp" || "$(cat "$venv/.ucm-stamp")" != "$stamp" ]]; then
+  rm -rf "$venv"
+  # Built in place under the final path (venv scripts embed it), published by the stamp.
+  "$python" -m venv "$venv" >&2
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}" >&2
+  echo "$stamp" >"$venv/.ucm-stamp"
+fi
 echo "$venv"

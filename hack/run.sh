@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make run`: a local control plane, ucm's CRDs and the manager with every feature on.
+# `make run`: a local control plane, ucm's CRDs and the manager with every feature on, plus a
+# `ucm router` and ready-made `jmp` configs (.run/jumpstarter/) for a demo Client and Exporter.
 # The cluster directory .run/cluster survives, so the next run reuses its data, ports and kubeconfig.
-# Ctrl-C stops the manager and the control plane.
+# Ctrl-C stops the router, the manager and the control plane.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -11,9 +12,11 @@ mkdir -p .run
 e2e/bin/kharness serve --dir .run/cluster --with-kcm >.run/ready 2>.run/harness.log &
 kh=$!
 mgr=""
+router=""
 stop() {
   trap - INT TERM EXIT
   set +e
+  [ -n "$router" ] && kill -TERM "$router" 2>/dev/null && wait "$router" 2>/dev/null
   [ -n "$mgr" ] && kill -TERM "$mgr" 2>/dev/null && wait "$mgr" 2>/dev/null
   kill -TERM "$kh" 2>/dev/null && wait "$kh" 2>/dev/null
   echo "stopped"
@@ -46,6 +49,71 @@ Local control plane ready. Try:
 
 Starting ucm manager with every feature on (Ctrl-C stops everything).
 TXT
-"$ucm" manager --kubeconfig "$kubeconfig" --namespace default --leader-elect=false --log-format=text &
+# The exporter feature's gRPC service listens on :8082 (advertised as localhost:8082) and hands
+# out the router at localhost:8083: the defaults, spelled out for the instructions below.
+"$ucm" manager --kubeconfig "$kubeconfig" --namespace default --leader-elect=false --log-format=text \
+  --exporter-grpc-endpoint=localhost:8082 --exporter-router-endpoint=localhost:8083 &
 mgr=$!
+
+# Jumpstarter: a demo Client and Exporter, the router, and jmp configs holding their tokens.
+"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f - >/dev/null <<'YAML'
+apiVersion: jumpstarter.dev/v1alpha1
+kind: Client
+metadata: {name: dev, namespace: default}
+spec: {}
+---
+apiVersion: jumpstarter.dev/v1alpha1
+kind: Exporter
+metadata: {name: demo, namespace: default, labels: {board: demo}}
+spec: {}
+YAML
+secret() { "${kubectl[@]}" -n default get secret "$1" -o "jsonpath={.data.$2}" 2>/dev/null | base64 -d; }
+for s in ucm-exporter-grpc-tls:tls\\.crt ucm-router-key:key dev-client:token demo-exporter:token; do
+  until [ -n "$(secret "${s%%:*}" "${s#*:}")" ]; do
+    kill -0 "$mgr" 2>/dev/null || { echo "the manager exited" >&2; exit 1; }
+    sleep 0.5
+  done
+done
+cert=$(secret ucm-exporter-grpc-tls 'tls\.crt')
+# The router serves the controller's certificate, so the one CA in the configs covers both.
+EXTERNAL_CERT_PEM=$cert EXTERNAL_KEY_PEM=$(secret ucm-exporter-grpc-tls 'tls\.key') KUBECONFIG=$kubeconfig \
+  "$ucm" router --bind-address=:8083 --endpoint=localhost:8083 --namespace default >.run/router.log 2>&1 &
+router=$!
+jdir=.run/jumpstarter
+mkdir -p "$jdir"
+ca=$(printf '%s' "$cert" | base64 -w0)
+(
+  umask 077
+  cat >"$jdir/client-dev.yaml" <<YAML
+apiVersion: jumpstarter.dev/v1alpha1
+kind: ClientConfig
+metadata: {namespace: default, name: dev}
+endpoint: localhost:8082
+token: $(secret dev-client token)
+tls: {ca: $ca}
+drivers: {allow: [], unsafe: true}
+YAML
+  cat >"$jdir/exporter-demo.yaml" <<YAML
+apiVersion: jumpstarter.dev/v1alpha1
+kind: ExporterConfig
+metadata: {namespace: default, name: demo}
+endpoint: localhost:8082
+token: $(secret demo-exporter token)
+tls: {ca: $ca}
+export:
+  power: {type: jumpstarter_driver_power.driver.MockPower}
+YAML
+)
+cat <<TXT
+
+Jumpstarter: controller gRPC localhost:8082 (TLS, CA in Secret default/ucm-exporter-grpc-tls),
+router localhost:8083 (ucm router, log in .run/router.log). Demo Client "dev" and Exporter "demo"
+(label board=demo); their configs with tokens are in $jdir/. In another terminal:
+  source "\$(hack/jumpstarter-venv.sh)/bin/activate"   # jumpstarter 0.9.0 from PyPI (first time ~3 min)
+  jmp run --exporter-config $jdir/exporter-demo.yaml &   # the exporter, MockPower driver
+  jmp get exporters --client-config $jdir/client-dev.yaml --with online,status
+  jmp shell --client-config $jdir/client-dev.yaml -l board=demo -- j power read -n 1
+A client token for your own Client <name> (create one with kubectl first):
+  e2e/bin/kubectl --kubeconfig $kubeconfig get secret <name>-client -o jsonpath='{.data.token}' | base64 -d
+TXT
 wait "$mgr"

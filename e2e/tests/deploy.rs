@@ -1012,6 +1012,7 @@ async fn manager_runs_as_the_shipped_identity() {
         let lease = format!("ucm-e2e-identity-{f}");
         let manager = Manager::start(
             ManagerOpts::new(&kubeconfig, &install.ns)
+                .kubeconfig_as_is()
                 .lease(&lease)
                 .only(f),
         );

@@ -8,6 +8,7 @@ pub mod client_status;
 pub mod exporter_status;
 pub mod godur;
 pub mod grpc;
+pub mod lease_hooks;
 pub mod lease_logic;
 pub mod metrics;
 pub mod proto;

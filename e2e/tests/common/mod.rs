@@ -13,13 +13,18 @@ use std::{
     time::{Duration, Instant},
 };
 
+use serde::Deserialize;
+
 use k8s_openapi::{
-    api::core::v1::{Namespace, ServiceAccount},
+    api::{
+        core::v1::{Namespace, ServiceAccount},
+        rbac::v1::ClusterRoleBinding,
+    },
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{conditions, wait::await_condition},
 };
@@ -266,8 +271,15 @@ impl Drop for TestEnv {
         let ns = self.ns.clone();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                let _ = Api::<Namespace>::all(client)
+                let _ = Api::<Namespace>::all(client.clone())
                     .delete(&ns, &DeleteParams::default())
+                    .await;
+                // The shipped identity's ClusterRoleBindings are cluster-scoped: no namespace GC.
+                let _ = Api::<ClusterRoleBinding>::all(client)
+                    .delete_collection(
+                        &DeleteParams::default(),
+                        &ListParams::default().labels(&format!("{E2E_NS_LABEL}={ns}")),
+                    )
                     .await;
             });
         }
@@ -356,6 +368,7 @@ pub struct Manager {
     pub metrics_port: u16,
     pub health_port: u16,
     pub log_path: PathBuf,
+    shipped_identity: bool,
     _tmp: tempfile::TempDir,
 }
 
@@ -368,6 +381,8 @@ pub struct ManagerOpts<'a> {
     pub lease: Option<&'a str>,
     pub extra: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Authenticate as the shipped identity (the default) or use `kubeconfig` as it is.
+    pub shipped_identity: bool,
 }
 
 impl<'a> ManagerOpts<'a> {
@@ -379,7 +394,28 @@ impl<'a> ManagerOpts<'a> {
             lease: None,
             extra: vec![],
             env: vec![],
+            shipped_identity: true,
         }
+    }
+
+    /// Run with `kubeconfig`'s own credentials instead of the shipped identity (for tests that
+    /// bring an identity of their own).
+    pub fn kubeconfig_as_is(mut self) -> Self {
+        self.shipped_identity = false;
+        self
+    }
+
+    /// The features this manager runs: registered ones not switched off by an `--enable-<f>=false`.
+    fn enabled_features(&self) -> Vec<&'static str> {
+        ucm::FEATURES
+            .iter()
+            .map(|f| f.name)
+            .filter(|name| {
+                let flag = format!("--enable-{name}=");
+                let last = self.extra.iter().rev().find_map(|a| a.strip_prefix(&flag));
+                last != Some("false")
+            })
+            .collect()
     }
 
     pub fn lease(mut self, id: &'a str) -> Self {
@@ -409,11 +445,21 @@ impl Manager {
             .tempdir()
             .unwrap();
         let log_path = tmp.path().join("manager.log");
+        let kubeconfig = if opts.shipped_identity {
+            shipped_identity(
+                opts.kubeconfig,
+                opts.namespace,
+                &opts.enabled_features(),
+                tmp.path(),
+            )
+        } else {
+            opts.kubeconfig.to_path_buf()
+        };
         let metrics_port = free_port();
         let health_port = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ucm"));
         cmd.arg("manager")
-            .arg(format!("--kubeconfig={}", opts.kubeconfig.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--namespace={}", opts.namespace))
             .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
             .arg(format!(
@@ -459,6 +505,7 @@ impl Manager {
             metrics_port,
             health_port,
             log_path,
+            shipped_identity: opts.shipped_identity,
             _tmp: tmp,
         }
     }
@@ -526,6 +573,12 @@ impl Drop for Manager {
                 self.log_path.display(),
                 self.logs()
             );
+        } else if self.shipped_identity {
+            // Every e2e test doubles as the RBAC proof: a request the shipped roles refuse fails it.
+            let logs = self.logs();
+            if let Some(line) = logs.lines().find(|l| l.contains("forbidden")) {
+                panic!("the shipped roles refused the manager a request:\n{line}");
+            }
         }
     }
 }
@@ -605,6 +658,115 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, 
     let _ = (&out.stderr[..]).read_to_string(&mut err);
     text.push_str(&err);
     (out.status.success(), text)
+}
+
+/// Labels the shipped identity's cluster-scoped bindings with the test namespace they serve.
+const E2E_NS_LABEL: &str = "ucm.io/e2e-namespace";
+
+/// A kubeconfig for the cluster of `admin`, authenticated (TokenRequest token) as a
+/// ServiceAccount in `ns` bound only to the roles `ucm rbac` ships for `features` and leader
+/// election, so every e2e test proves the shipped RBAC is enough (issue 8). The ClusterRoles are
+/// installed under an `ucm-e2e-` prefix (identical for every test of a run); the Roles and the
+/// ServiceAccount live in `ns`. Blocking: kubectl does the work.
+pub fn shipped_identity(admin: &Path, ns: &str, features: &[&str], dir: &Path) -> PathBuf {
+    let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
+        .arg("rbac")
+        .output()
+        .expect("ucm rbac");
+    assert!(out.status.success(), "ucm rbac failed");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let sa = format!("ucm-manager-{}", features.join("-"));
+    let mut docs = vec![serde_json::json!({
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": sa, "namespace": ns},
+    })];
+    let subject = serde_json::json!([{"kind": "ServiceAccount", "name": sa, "namespace": ns}]);
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let mut role = serde_json::Value::deserialize(doc).unwrap();
+        if role.is_null() {
+            continue;
+        }
+        let name = role["metadata"]["name"].as_str().unwrap().to_string();
+        let wanted =
+            name == "ucm-leader-election" || features.iter().any(|f| name == format!("ucm-{f}"));
+        if !wanted {
+            continue;
+        }
+        match role["kind"].as_str().unwrap() {
+            "ClusterRole" => {
+                let shared = format!("ucm-e2e-{name}");
+                role["metadata"] = serde_json::json!({"name": shared});
+                docs.push(role);
+                docs.push(serde_json::json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": format!("ucm-e2e-{ns}-{sa}-{name}"),
+                                 "labels": {E2E_NS_LABEL: ns}},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": shared},
+                    "subjects": subject,
+                }));
+            }
+            "Role" => {
+                role["metadata"] = serde_json::json!({"name": name, "namespace": ns});
+                docs.push(role);
+                docs.push(serde_json::json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                    "metadata": {"name": format!("{sa}-{name}"), "namespace": ns},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                    "subjects": subject,
+                }));
+            }
+            other => panic!("ucm rbac printed a {other}"),
+        }
+    }
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
+    let (ok, out) = kubectl(
+        admin,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=ucm-e2e",
+            "-f",
+            "-",
+        ],
+        Some(&list.to_string()),
+    );
+    assert!(ok, "installing the shipped identity failed:\n{out}");
+    let token = Command::new(kubectl_bin())
+        .arg(format!("--kubeconfig={}", admin.display()))
+        .args(["create", "token", &sa, "-n", ns, "--duration=24h"])
+        .output()
+        .expect("kubectl create token");
+    assert!(
+        token.status.success(),
+        "kubectl create token failed: {}",
+        String::from_utf8_lossy(&token.stderr)
+    );
+    let token = String::from_utf8(token.stdout).unwrap();
+    let mut kc: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
+    kc["users"] = serde_json::json!([{"name": sa, "user": {"token": token.trim()}}]);
+    for ctx in kc["contexts"].as_array_mut().unwrap() {
+        ctx["context"]["user"] = sa.clone().into();
+    }
+    let path = dir.join("kubeconfig-shipped-identity");
+    std::fs::write(&path, serde_yaml::to_string(&kc).unwrap()).unwrap();
+    path
+}
+
+/// The pinned Jumpstarter 0.9.0 virtualenv (`hack/jumpstarter-venv.sh`, created on first use and
+/// cached in ~/.cache/ucm). Panics with the script's output when it cannot be made.
+pub fn jumpstarter_venv() -> PathBuf {
+    let out = Command::new("bash")
+        .arg(repo_root().join("hack/jumpstarter-venv.sh"))
+        .output()
+        .expect("run hack/jumpstarter-venv.sh");
+    assert!(
+        out.status.success(),
+        "hack/jumpstarter-venv.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 impl Harness {

@@ -5,11 +5,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Patch;
+use kube::runtime::events::EventType;
 use kube::runtime::watcher;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -18,11 +19,13 @@ use tonic::{Request, Response, Status};
 use tracing::{debug, warn};
 
 use super::super::exporter_status;
+use super::super::lease_hooks::{self, HOOK_ON_FAILURE_MD, HOOK_PHASE_MD};
 use super::super::proto::jumpstarter::v1 as pb;
 use super::super::reconcile::{Ctx, status_merge_patch};
 use super::super::router_token::{self, RouterKey};
 use super::super::types::{Device, Exporter, ExporterStatus, ExporterStatusValue, Lease};
 use super::auth::{self, Caller, Kind};
+use super::heartbeat::{self, Liveness};
 use crate::conditions;
 
 pub const RECORDS_HOOKS_MD: &str = "jumpstarter-records-lease-hooks";
@@ -43,6 +46,8 @@ pub struct Controller {
     /// Cancelled when this serving session ends (leadership lost, shutdown): ends every stream
     /// so the server's graceful stop does not wait on them.
     pub stop: tokio_util::sync::CancellationToken,
+    /// In-memory liveness of the exporters holding Status streams (rule 7.4.1).
+    pub liveness: Liveness,
 }
 
 pub fn status_value(v: i32) -> ExporterStatusValue {
@@ -71,6 +76,7 @@ impl Controller {
             listeners: Default::default(),
             next: Default::default(),
             stop: tokio_util::sync::CancellationToken::new(),
+            liveness: Liveness::default(),
         }
     }
 
@@ -148,6 +154,14 @@ impl Controller {
                         .status_writes
                         .with_label_values(&[source])
                         .inc();
+                    if st.last_seen.is_some()
+                        && st.last_seen != observed.as_ref().and_then(|o| o.last_seen.clone())
+                    {
+                        // Rule 7.4.2: any write of lastSeen restarts the heartbeat clock.
+                        self.liveness.wrote(ns, name, Timestamp::now());
+                    }
+                    self.emit_transitions(&e, observed.as_ref(), &st, source)
+                        .await;
                     return Ok(e);
                 }
                 Err(e) if e.is_conflict() => continue,
@@ -160,11 +174,55 @@ impl Controller {
         Err(Status::aborted("exporter status kept changing; retry"))
     }
 
+    /// Events for the transitions this gRPC write persisted (rules 4.7.1, 4.7.2).
+    async fn emit_transitions(
+        &self,
+        persisted: &Exporter,
+        old: Option<&ExporterStatus>,
+        new: &ExporterStatus,
+        source: &str,
+    ) {
+        let events = exporter_status::transition_events(
+            &persisted.name_any(),
+            old,
+            new,
+            self.ctx.settings.status.offline_threshold,
+            Timestamp::now(),
+        );
+        if events.is_empty() {
+            return;
+        }
+        let regarding = persisted.object_ref(&());
+        let action = match source {
+            "register" => "Register",
+            "unregister" => "Unregister",
+            "report" => "ReportStatus",
+            _ => "Status",
+        };
+        for e in events {
+            let t = if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            self.ctx
+                .writer
+                .event(&regarding, t, e.reason, action, e.note)
+                .await;
+        }
+    }
+
     fn now_time() -> Time {
         conditions::truncate(Timestamp::now())
     }
 
-    async fn status_response(&self, exp: &Exporter) -> pb::StatusResponse {
+    /// The Status message for `exp` (from `leaseRef`; the client from the lease's `clientRef`).
+    /// `cache` keeps the last lease's client so a heartbeat echo costs no Lease read.
+    async fn status_response(
+        &self,
+        exp: &Exporter,
+        cache: &mut Option<(String, Option<String>)>,
+    ) -> pb::StatusResponse {
         let Some(lease) = exp
             .status
             .as_ref()
@@ -173,14 +231,23 @@ impl Controller {
         else {
             return pb::StatusResponse::default();
         };
-        let ns = exp.namespace().unwrap_or_default();
-        let client = self
-            .leases(&ns)
-            .get_opt(&lease)
-            .await
-            .ok()
-            .flatten()
-            .map(|l| l.spec.client_ref.name);
+        let client = match cache {
+            Some((name, client)) if *name == lease => client.clone(),
+            _ => {
+                let ns = exp.namespace().unwrap_or_default();
+                let client = self
+                    .leases(&ns)
+                    .get_opt(&lease)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|l| l.spec.client_ref.name);
+                if client.is_some() {
+                    *cache = Some((lease.clone(), client.clone()));
+                }
+                client
+            }
+        };
         pb::StatusResponse {
             leased: true,
             lease_name: Some(lease),
@@ -188,30 +255,130 @@ impl Controller {
         }
     }
 
-    /// Status stream body: watch the own Exporter, send changes, heartbeat every W (±10%).
+    /// A due heartbeat (rule 7.4.3): `lastSeen` alone, unfenced, unless something derived from
+    /// it changes, then a full fenced write. Returns the persisted Exporter.
+    async fn heartbeat(&self, ns: &str, name: &str, latest: &Exporter) -> Result<Exporter, Status> {
+        let now = Timestamp::now();
+        let status = latest.status.clone().unwrap_or_default();
+        let kind = heartbeat::write_kind(
+            &status,
+            latest.metadata.generation,
+            self.ctx.settings.status.offline_threshold,
+            now,
+        );
+        let seen = conditions::truncate(now);
+        if kind == heartbeat::Write::LastSeenOnly {
+            let patch: json_patch::Patch = serde_json::from_value(
+                json!([{"op": "add", "path": "/status/lastSeen", "value": seen}]),
+            )
+            .expect("valid JSON patch");
+            match self
+                .ctx
+                .writer
+                .json_patch_status(&self.exporters(ns), name, patch)
+                .await
+            {
+                Ok(e) => {
+                    self.ctx
+                        .metrics
+                        .status_writes
+                        .with_label_values(&["heartbeat"])
+                        .inc();
+                    self.liveness.wrote(ns, name, Timestamp::now());
+                    return Ok(e);
+                }
+                Err(e) => {
+                    debug!(exporter = name, error = %e, "lastSeen patch failed; trying a full write");
+                }
+            }
+        }
+        self.write_status(ns, name, "heartbeat", |s, _| {
+            s.last_seen = Some(seen.clone());
+            heartbeat::recover_from_stale(s);
+        })
+        .await
+    }
+
+    /// Status stream body: watch the own Exporter and send lease changes; persist `lastSeen`
+    /// only when it is due (rule 7.4); re-establish the watch when our own write does not come
+    /// back on it within W (rule 7.4.4).
     async fn status_loop(
         self: Arc<Self>,
         ns: String,
         name: String,
         tx: mpsc::Sender<Result<pb::StatusResponse, Status>>,
+        connected: Exporter,
     ) {
+        self.liveness.open(&ns, &name);
+        struct Close<'a>(&'a Liveness, &'a str, &'a str);
+        impl Drop for Close<'_> {
+            fn drop(&mut self) {
+                self.0.close(self.1, self.2);
+            }
+        }
+        let _close = Close(&self.liveness, &ns, &name);
         let api = self.exporters(&ns);
-        let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let mut events = watcher::watcher(api, cfg).boxed();
-        let w = self.ctx.settings.heartbeat_interval.unsigned_abs();
-        let jittered = || w.mul_f64(0.9 + rand::random::<f64>() * 0.2);
-        let mut next_beat = tokio::time::Instant::now() + jittered();
+        let watch = || {
+            let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+            watcher::watcher(api.clone(), cfg).boxed()
+        };
+        let mut events = watch();
+        let w = self.ctx.settings.heartbeat_interval;
+        let mut beat = heartbeat::spacing(w, rand::random::<f64>());
+        let mut latest = connected;
+        // (lastSeen we wrote, when it must have come back on the watch).
+        let mut awaiting: Option<(Timestamp, tokio::time::Instant)> = None;
+        // After a failed write, do not retry before this instant.
+        let mut retry_at = tokio::time::Instant::now();
         let mut last: Option<pb::StatusResponse> = None;
+        let mut lease_cache = None;
         loop {
+            let stored = latest
+                .status
+                .as_ref()
+                .and_then(|s| s.last_seen.as_ref())
+                .map(|t| t.0);
+            let due = heartbeat::next_due(stored, self.liveness.last_write(&ns, &name), beat);
+            let until_due = Timestamp::now()
+                .duration_until(due)
+                .max(SignedDuration::ZERO)
+                .unsigned_abs();
+            let mut wake = (tokio::time::Instant::now() + until_due).max(retry_at);
+            if let Some((_, deadline)) = awaiting {
+                wake = wake.min(deadline);
+            }
             tokio::select! {
                 _ = tx.closed() => return,
                 _ = self.stop.cancelled() => return,
-                _ = tokio::time::sleep_until(next_beat) => {
-                    let now = Self::now_time();
-                    if self.write_status(&ns, &name, "heartbeat", |s, _| s.last_seen = Some(now.clone())).await.is_err() {
-                        debug!(exporter = %name, "heartbeat write failed; retrying at the next beat");
+                _ = tokio::time::sleep_until(wake) => {
+                    if awaiting.is_some_and(|(_, d)| tokio::time::Instant::now() >= d) {
+                        warn!(exporter = %name, namespace = %ns, "own lastSeen write not seen on the watch; re-establishing it");
+                        events = watch();
+                        awaiting = None;
+                        continue;
                     }
-                    next_beat = tokio::time::Instant::now() + jittered();
+                    // Claimed against the shared clock, so another stream of this exporter or a
+                    // report that landed meanwhile makes this beat unnecessary.
+                    let now = Timestamp::now();
+                    let Some(previous) = self.liveness.try_claim(&ns, &name, stored, beat, now) else {
+                        continue;
+                    };
+                    match self.heartbeat(&ns, &name, &latest).await {
+                        Ok(e) => {
+                            let written = e.status.as_ref().and_then(|s| s.last_seen.as_ref()).map(|t| t.0);
+                            if let Some(v) = written {
+                                awaiting = Some((v, tokio::time::Instant::now() + w.unsigned_abs()));
+                            }
+                            latest = e;
+                            beat = heartbeat::spacing(w, rand::random::<f64>());
+                        }
+                        Err(e) if e.code() == tonic::Code::NotFound => return,
+                        Err(_) => {
+                            self.liveness.unclaim(&ns, &name, now, previous);
+                            debug!(exporter = %name, "heartbeat write failed; retrying shortly");
+                            retry_at = tokio::time::Instant::now() + (w.unsigned_abs() / 4).max(Duration::from_secs(1));
+                        }
+                    }
                 }
                 ev = events.next() => {
                     let exp = match ev {
@@ -219,9 +386,14 @@ impl Controller {
                         Some(Ok(watcher::Event::Delete(_))) => return,
                         Some(Ok(_)) => continue,
                         Some(Err(_)) => { tokio::time::sleep(Duration::from_secs(1)).await; continue; }
-                        None => return,
+                        None => { events = watch(); continue; }
                     };
-                    let resp = self.status_response(&exp).await;
+                    let seen = exp.status.as_ref().and_then(|s| s.last_seen.as_ref()).map(|t| t.0);
+                    if awaiting.is_some_and(|(v, _)| seen >= Some(v)) {
+                        awaiting = None;
+                    }
+                    let resp = self.status_response(&exp, &mut lease_cache).await;
+                    latest = exp;
                     if last.as_ref() != Some(&resp) {
                         if tx.send(Ok(resp.clone())).await.is_err() { return; }
                         last = Some(resp);
@@ -293,6 +465,32 @@ impl Controller {
             }
         }
     }
+}
+
+/// The optional ReportStatus hook metadata (rule 5.5.2); non-UTF-8 values count as invalid.
+fn hook_metadata<T>(req: &Request<T>) -> (lease_hooks::HookMetadata, Vec<String>) {
+    let mut invalid = Vec::new();
+    let mut values = |key: &str| -> Vec<String> {
+        req.metadata()
+            .get_all(key)
+            .iter()
+            .filter_map(|v| match v.to_str() {
+                Ok(s) => Some(s.to_string()),
+                Err(_) => {
+                    invalid.push(format!("non-text {key} value"));
+                    None
+                }
+            })
+            .collect()
+    };
+    let phases = values(HOOK_PHASE_MD);
+    let actions = values(HOOK_ON_FAILURE_MD);
+    let (md, mut problems) = lease_hooks::parse_metadata(
+        phases.iter().map(String::as_str),
+        actions.iter().map(String::as_str),
+    );
+    invalid.append(&mut problems);
+    (md, invalid)
 }
 
 fn hooks_header<T>(resp: &mut Response<T>, exp: &Exporter) {
@@ -408,11 +606,25 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
         req: Request<pb::ReportStatusRequest>,
     ) -> Result<Response<pb::ReportStatusResponse>, Status> {
         let caller = self.auth(&req, &[Kind::Exporter]).await?;
+        let (hook_md, invalid) = hook_metadata(&req);
+        for problem in &invalid {
+            warn!(exporter = %caller.name, namespace = %caller.namespace, "ignoring lease hook metadata: {problem}");
+        }
         let body = req.into_inner();
         let value = status_value(body.status);
         let now = Controller::now_time();
         let exp = self
             .write_status(&caller.namespace, &caller.name, "report", |s, _| {
+                // The record sees the stored exporterStatus as `prev` (rule 5.3).
+                lease_hooks::apply_report(
+                    s,
+                    &lease_hooks::Report {
+                        status: value,
+                        message: body.message.as_deref(),
+                        metadata: &hook_md,
+                    },
+                    &now,
+                );
                 s.exporter_status = Some(value);
                 s.status_message = body.message.clone();
                 s.last_seen = Some(now.clone());
@@ -468,7 +680,10 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
             })
             .await?;
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(self.clone().status_loop(caller.namespace, caller.name, tx));
+        tokio::spawn(
+            self.clone()
+                .status_loop(caller.namespace, caller.name, tx, exp.clone()),
+        );
         let mut resp: Response<tonic::codegen::BoxStream<pb::StatusResponse>> =
             Response::new(Box::pin(ReceiverStream::new(rx)));
         if exp.status.as_ref().and_then(|s| s.records_lease_hooks) == Some(true) {
@@ -560,6 +775,26 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
             end_time: ts(&st.end_time),
             exporter_uuid: None,
             conditions: vec![],
+        }))
+    }
+
+    /// Legacy lease creation (rule 6.7.3): a UUIDv7 name, the selector and the duration.
+    async fn request_lease(
+        &self,
+        req: Request<pb::RequestLeaseRequest>,
+    ) -> Result<Response<pb::RequestLeaseResponse>, Status> {
+        let caller = self.auth(&req, &[Kind::Client]).await?;
+        let name = super::client::lease_name("");
+        let lease = super::lease_pb::lease_from_request(
+            req.get_ref(),
+            &caller.namespace,
+            &name,
+            &caller.name,
+        )
+        .map_err(Status::invalid_argument)?;
+        let created = super::client::create_lease(&self.ctx, &lease).await?;
+        Ok(Response::new(pb::RequestLeaseResponse {
+            name: created.name_any(),
         }))
     }
 

@@ -1,8 +1,12 @@
 //! The controller gRPC server (spec §7.1): one TLS listener on `--exporter-grpc-bind-address`
-//! serving ControllerService, gRPC health and reflection, only while this replica leads.
+//! serving ControllerService, ClientService, gRPC health and reflection, only while this replica
+//! leads.
 
 pub mod auth;
+pub mod client;
 pub mod controller;
+pub mod heartbeat;
+pub mod lease_pb;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,10 +19,12 @@ use kube::api::ObjectMeta;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{error, info};
 
+use super::proto::jumpstarter::client::v1::client_service_server::ClientServiceServer;
 use super::proto::jumpstarter::v1::controller_service_server::ControllerServiceServer;
 use super::reconcile::Ctx;
 use super::{proto, router, tls};
 use crate::runtime::Runtime;
+use client::ClientApi;
 use controller::Controller;
 
 /// The self-signed certificate every leader serves (rule 7.1.1).
@@ -127,9 +133,16 @@ async fn serve(
         router_key,
         ctx.settings.router_endpoint.clone(),
     ));
+    let client_svc = Arc::new(ClientApi::new(
+        ctx.clone(),
+        rt.config.watch_namespace.clone(),
+    ));
     let (health, health_svc) = tonic_health::server::health_reporter();
     health
         .set_serving::<ControllerServiceServer<Arc<Controller>>>()
+        .await;
+    health
+        .set_serving::<ClientServiceServer<Arc<ClientApi>>>()
         .await;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -153,6 +166,7 @@ async fn serve(
         .add_service(proto::reflection_v1())
         .add_service(proto::reflection_v1alpha())
         .add_service(ControllerServiceServer::new(svc))
+        .add_service(ClientServiceServer::new(client_svc))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopper)
         .await
         .map_err(|e| format!("gRPC server: {e}"));
