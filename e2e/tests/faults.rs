@@ -725,10 +725,12 @@ async fn watch_disruption_then_everything_converges() {
         w.start_agent(n);
     }
     let proxy = Proxy::start(server_port(&env.kubeconfig)).await;
-    let via = w.dir.path().join("kubeconfig-via-proxy");
-    kubeconfig_via(&env.kubeconfig, proxy.port, &via);
+    let via = shipped_identity_via(&w, &["exporter", "snapshot", "vmexport"], proxy.port);
     let lease = unique("ucm-faults");
-    let m = Manager::start(w.manager_opts(&via, free_port(), Some(&lease)));
+    let m = Manager::start(
+        w.manager_opts(&via, free_port(), Some(&lease))
+            .kubeconfig_as_is(),
+    );
     m.wait_ready().await;
     w.wait_agents_alive(&["a", "b", "c"]).await;
     let work = w.start_work(Duration::from_secs(15)).await;
@@ -789,11 +791,11 @@ async fn manager_started_while_the_api_is_unreachable_starts_once_it_answers() {
     let env = TestEnv::new("faults-unreachable").await;
     let w = World::new(env.client.clone(), &env.kubeconfig, &env.ns, rig::FAST);
     let proxy = Proxy::start(server_port(&env.kubeconfig)).await;
-    let via = w.dir.path().join("kubeconfig-via-proxy");
-    kubeconfig_via(&env.kubeconfig, proxy.port, &via);
+    let via = shipped_identity_via(&w, &["exporter", "vmexport"], proxy.port);
     proxy.refuse(true);
     let mut m = Manager::start(
         ManagerOpts::new(&via, &env.ns)
+            .kubeconfig_as_is()
             .lease(&unique("ucm-faults"))
             .args(["--enable-snapshot=false"]),
     );

@@ -112,9 +112,11 @@ async fn soak() {
         w.start_agent(n);
     }
     let proxy = Proxy::start(server_port(&env.kubeconfig)).await;
-    let via = w.dir.path().join("kubeconfig-via-proxy");
-    kubeconfig_via(&env.kubeconfig, proxy.port, &via);
-    let m = Manager::start(w.manager_opts(&via, free_port(), Some(&unique("ucm-soak"))));
+    let via = shipped_identity_via(&w, &["exporter", "snapshot", "vmexport"], proxy.port);
+    let m = Manager::start(
+        w.manager_opts(&via, free_port(), Some(&unique("ucm-soak")))
+            .kubeconfig_as_is(),
+    );
     m.wait_ready().await;
     w.wait_agents_alive(&["a", "b", "c"]).await;
     let pid = m.pid();

@@ -844,3 +844,13 @@ pub fn alive(pid: u32) -> bool {
         .and_then(|s| s.rsplit(')').next().map(|r| r.trim().to_string()))
         .is_some_and(|r| !r.starts_with('Z'))
 }
+
+/// A kubeconfig for the identity `ucm rbac` ships for `features` (as every e2e manager runs
+/// with), pointed at the proxy on `proxy_port`. Created through the direct address, so it
+/// works while the proxy refuses connections.
+pub fn shipped_identity_via(w: &World, features: &[&str], proxy_port: u16) -> PathBuf {
+    let identity = shipped_identity(&w.kubeconfig, &w.ns, features, w.dir.path());
+    let via = w.dir.path().join("kubeconfig-via-proxy");
+    kubeconfig_via(&identity, proxy_port, &via);
+    via
+}
