@@ -251,6 +251,14 @@ impl Election {
     }
 }
 
+/// What one try-acquire-or-renew did.
+enum Attempt {
+    /// Someone else holds the Lease: look again after at most this long.
+    Wait(Duration),
+    /// We created or wrote the Lease (or failed to).
+    Written(kube::Result<()>),
+}
+
 struct Elector {
     leases: Api<Lease>,
     pods: Api<Pod>,
@@ -305,8 +313,12 @@ impl Elector {
         }
         watch_task.abort();
         if *self.leadership.inner.state.borrow() {
-            self.set_pod_label(false).await;
-            self.release().await;
+            // Bounded: shutdown must not hang on an API server that does not answer.
+            let bound = self.cfg.renew_deadline;
+            let _ = tokio::time::timeout(bound, self.set_pod_label(false)).await;
+            if tokio::time::timeout(bound, self.release()).await.is_err() {
+                warn!("could not release the Lease in time; a standby takes over after it expires");
+            }
         }
         self.leadership.set(false);
         gauge.set(0);
@@ -315,32 +327,17 @@ impl Elector {
     /// One round of try-acquire-or-renew; returns how long to wait before the next.
     async fn step(&self, observed: &mut Option<(Record, Instant)>) -> Duration {
         let retry = self.cfg.retry_period;
-        let now = Instant::now();
-        let result = match self.leases.get_opt(&self.cfg.name).await {
-            Err(e) => Err(e),
-            Ok(None) => self.create().await.map(|_| true),
-            Ok(Some(lease)) => {
-                let record = Record::of(&lease);
-                let observed_at = match observed {
-                    Some((r, at)) if *r == record => *at,
-                    _ => now,
-                };
-                *observed = Some((record.clone(), observed_at));
-                match evaluate(&record, observed_at, &self.cfg.identity, now) {
-                    Decision::Wait(d) => {
-                        self.lose_if_leading(&format!(
-                            "the Lease is now held by {}",
-                            record.holder.as_deref().unwrap_or("nobody")
-                        ));
-                        return d.min(retry);
-                    }
-                    Decision::Renew => self.write(lease, false).await.map(|_| true),
-                    Decision::Acquire => self.write(lease, true).await.map(|_| true),
-                }
-            }
+        // client-go bounds every attempt by the renew deadline: a request that hangs (an API
+        // server that accepted the connection but never answers) must not stall the elector,
+        // which would neither renew nor declare the loss nor campaign again.
+        let attempt = tokio::time::timeout(self.cfg.renew_deadline, self.attempt(observed));
+        let result = match attempt.await {
+            Ok(Attempt::Wait(d)) => return d.min(retry),
+            Ok(Attempt::Written(r)) => r.map_err(Some),
+            Err(_) => Err(None),
         };
         match result {
-            Ok(_) => {
+            Ok(()) => {
                 let was = *self.leadership.inner.state.borrow();
                 if was {
                     if self.leadership.renewed() {
@@ -353,21 +350,56 @@ impl Elector {
                     info!(identity = %self.cfg.identity, "acquired leadership");
                     self.label_pending.store(true, Ordering::SeqCst);
                 }
-                if self.label_pending.load(Ordering::SeqCst) && self.set_pod_label(true).await {
-                    self.label_pending.store(false, Ordering::SeqCst);
+                if self.label_pending.load(Ordering::SeqCst) {
+                    let labelled = tokio::time::timeout(retry, self.set_pod_label(true)).await;
+                    if labelled == Ok(true) {
+                        self.label_pending.store(false, Ordering::SeqCst);
+                    }
                 }
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(Some(kube::Error::Api(s))) if s.code == 409 => {
                 debug!("lease changed under us; re-reading");
                 self.check_deadline();
                 return Duration::from_millis(50);
             }
-            Err(e) => {
+            Err(Some(e)) => {
                 warn!(error = %e, "leader election: could not read or write the Lease");
+                self.check_deadline();
+            }
+            Err(None) => {
+                warn!(timeout = ?self.cfg.renew_deadline, "leader election: the Lease request did not answer within the renew deadline");
                 self.check_deadline();
             }
         }
         retry
+    }
+
+    /// Reads the Lease and takes, renews or leaves it.
+    async fn attempt(&self, observed: &mut Option<(Record, Instant)>) -> Attempt {
+        let now = Instant::now();
+        let lease = match self.leases.get_opt(&self.cfg.name).await {
+            Err(e) => return Attempt::Written(Err(e)),
+            Ok(None) => return Attempt::Written(self.create().await.map(|_| ())),
+            Ok(Some(lease)) => lease,
+        };
+        let record = Record::of(&lease);
+        let observed_at = match observed {
+            Some((r, at)) if *r == record => *at,
+            _ => now,
+        };
+        *observed = Some((record.clone(), observed_at));
+        let acquire = match evaluate(&record, observed_at, &self.cfg.identity, now) {
+            Decision::Wait(d) => {
+                self.lose_if_leading(&format!(
+                    "the Lease is now held by {}",
+                    record.holder.as_deref().unwrap_or("nobody")
+                ));
+                return Attempt::Wait(d);
+            }
+            Decision::Renew => false,
+            Decision::Acquire => true,
+        };
+        Attempt::Written(self.write(lease, acquire).await.map(|_| ()))
     }
 
     fn check_deadline(&self) {
@@ -653,6 +685,46 @@ mod tests {
                 .expect("the renewal after the lapse re-enqueues everything")
                 .unwrap();
         });
+    }
+
+    /// An API server that accepts connections and never answers: each attempt gives up at the
+    /// renew deadline, so the elector keeps its rhythm (and can declare the loss) instead of
+    /// stalling for the client's read timeout (minutes).
+    #[tokio::test]
+    async fn an_api_server_that_never_answers_does_not_stall_the_elector() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = vec![];
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let cfg = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        let client = Client::try_from(cfg).unwrap();
+        let elector = Elector {
+            leases: Api::namespaced(client.clone(), "ns"),
+            pods: Api::namespaced(client, "ns"),
+            leadership: Leadership::elected(Duration::from_millis(300)),
+            metrics: Arc::new(Metrics::new()),
+            cfg: ElectionConfig {
+                namespace: "ns".into(),
+                name: "lease".into(),
+                identity: "me".into(),
+                lease_duration: Duration::from_secs(1),
+                renew_deadline: Duration::from_millis(300),
+                retry_period: Duration::from_millis(100),
+                pod_name: None,
+                pod_namespace: "ns".into(),
+            },
+            label_pending: Default::default(),
+        };
+        let started = Instant::now();
+        let wait = tokio::time::timeout(Duration::from_secs(5), elector.step(&mut None))
+            .await
+            .expect("the attempt hung past the renew deadline");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(wait, Duration::from_millis(100));
     }
 
     #[test]
