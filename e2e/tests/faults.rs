@@ -35,6 +35,7 @@ use rig::{
     *,
 };
 use serde_json::json;
+use ucm::exporter::types::HookPhase;
 use ucm::snapshot::types::SlotState;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -73,7 +74,20 @@ async fn api_server_restart_mid_work_loses_nothing() {
     }
     let grpc = free_port();
     let lease = unique("ucm-faults");
-    let m = Manager::start(w.manager_opts(&kubeconfig, grpc, Some(&lease)));
+    // The shipped identity, checked by hand below: a restarted API server answers 403 for a
+    // moment while its RBAC cache fills, which the fixture's check would take for a missing rule.
+    let identity = {
+        let (kc, ns, dir) = (kubeconfig.clone(), ns.clone(), w.dir.path().to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            shipped_identity(&kc, &ns, &["exporter", "snapshot", "vmexport"], &dir)
+        })
+        .await
+        .unwrap()
+    };
+    let m = Manager::start(
+        w.manager_opts(&identity, grpc, Some(&lease))
+            .kubeconfig_as_is(),
+    );
     m.wait_ready().await;
     w.wait_agents_alive(&["a", "b", "c"]).await;
     let work = w.start_work(Duration::from_secs(12)).await;
@@ -83,6 +97,11 @@ async fn api_server_restart_mid_work_loses_nothing() {
     // The fault: the control plane process dies (etcd's data stays on disk) and comes back on
     // the same address after longer than the renew deadline, so leadership is lost too.
     let outage = Instant::now();
+    let killed_at = jiff::Timestamp::now();
+    assert!(
+        !m.logs().contains("forbidden"),
+        "the shipped roles refused a request before the fault"
+    );
     harness.kill();
     let h = harness;
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -92,6 +111,7 @@ async fn api_server_restart_mid_work_loses_nothing() {
     let h = tokio::task::spawn_blocking(move || Harness::start_in(&d, false))
         .await
         .unwrap();
+    let back_at = jiff::Timestamp::now();
     eprintln!("API server down for {:.1}s", outage.elapsed().as_secs_f64());
     assert_eq!(h.kubeconfig, kubeconfig, "same address and credentials");
 
@@ -120,6 +140,19 @@ async fn api_server_restart_mid_work_loses_nothing() {
         !m.logs().contains("stopped unexpectedly"),
         "a feature or server stopped"
     );
+    // 403s only while the restarted API server's RBAC cache filled.
+    let grace = back_at + jiff::SignedDuration::from_secs(15);
+    for line in m.logs().lines().filter(|l| l.contains("forbidden")) {
+        let at: jiff::Timestamp = line
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("unparsable log line: {line}"));
+        assert!(
+            at >= killed_at && at <= grace,
+            "a request was refused outside the restart:\n{line}"
+        );
+    }
     drop(ex);
     drop(m);
     w.agents.clear();
@@ -359,28 +392,36 @@ async fn snapshot_agent_killed_holding_its_barrier_recovers() {
     w.cleanup_snapshots(&[&snap], &[&vol]).await;
 }
 
-/// Records a lease-hook phase the way ReportStatus does for a declaring exporter (spec §5.3).
-async fn record_hook(w: &World, hook: &str, phase: &str, attempts: i64) {
-    w.exporters()
-        .patch_status(
-            "e1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"leaseHooks": {hook: {
-                "phase": phase, "attempts": attempts, "lastTransitionTime": now_rfc3339()}}}})),
-        )
-        .await
-        .unwrap();
-}
-
 async fn online(w: &World) -> Option<String> {
     let e = w.exporters().get("e1").await.ok()?;
     condition(e.status.as_ref()?.conditions.as_ref(), "Online").map(|c| c.0)
 }
 
-/// An exporter killed mid-hook (spec §5, #242): killed during beforeLease, it is marked
-/// Offline within the threshold, its lease is not ended, and after a restart the record tells
-/// it the hook was cut off; killed during afterLease, the next lease waits for the owed hook
-/// through the outage and the restart, and is assigned once the hook finishes.
+/// The lease-hooks record's state of `hook`: (phase, attempts).
+async fn hook(w: &World, hook: &str) -> Option<(HookPhase, i64)> {
+    let r = w.exporters().get("e1").await.ok()?.status?.lease_hooks?;
+    let h = if hook == "beforeLease" {
+        r.before_lease
+    } else {
+        r.after_lease
+    }?;
+    Some((h.phase, h.attempts.unwrap_or(0)))
+}
+
+async fn wait_hook(w: &World, name: &str, phase: HookPhase, attempts: i64) {
+    eventually(
+        TIMEOUT,
+        &format!("{name} {phase:?} after {attempts} attempt(s)"),
+        || async { hook(w, name).await == Some((phase, attempts)) },
+    )
+    .await;
+}
+
+/// An exporter killed mid-hook (spec §5, #242), speaking the protocol as a recording exporter
+/// does. Killed during beforeLease: it is marked Offline within the threshold, its lease is not
+/// ended, and after a restart the record (Register's headers) says the hook was cut off; the
+/// re-run counts as a second attempt. Killed during afterLease: the next lease waits through
+/// the outage, the restart and the re-run, and is assigned once the exporter reports it done.
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn exporter_killed_mid_hook_recovers() {
@@ -396,8 +437,9 @@ async fn exporter_killed_mid_hook_recovers() {
     w.create_exporter("e1", json!({"board": "rpi"})).await;
     let token = w.wait_exporter_token("e1").await;
     let ca = w.grpc_ca().await;
+    let connect = || ExporterClient::connect(grpc, &ca, &env.ns, "e1", &token, TIMEOUT);
 
-    let mut ex = ExporterClient::connect(grpc, &ca, &env.ns, "e1", &token, TIMEOUT).await;
+    let mut ex = connect().await;
     let (uid, record) = ex.register(true).await.unwrap();
     assert!(record.is_none());
     let mut stream = ex.status().await.unwrap();
@@ -416,7 +458,7 @@ async fn exporter_killed_mid_hook_recovers() {
     ex.report(Report::BeforeLeaseHook, "beforeLease running")
         .await
         .unwrap();
-    record_hook(&w, "beforeLease", "Running", 1).await;
+    wait_hook(&w, "beforeLease", HookPhase::Running, 1).await;
     drop(stream);
     drop(ex);
     let killed = Instant::now();
@@ -430,20 +472,19 @@ async fn exporter_killed_mid_hook_recovers() {
         "Offline {:.1}s after the kill (threshold 3s)",
         killed.elapsed().as_secs_f64()
     );
-    let l1 = w.lease("l1").await.unwrap();
-    let st = l1.status.unwrap();
+    let st = w.lease("l1").await.unwrap().status.unwrap();
     assert!(!st.ended, "l1 ended because its exporter died");
     assert_eq!(st.exporter_ref_name(), Some("e1"));
 
-    // Restarted: the record says beforeLease was cut off; the exporter re-runs it.
-    let mut ex = ExporterClient::connect(grpc, &ca, &env.ns, "e1", &token, TIMEOUT).await;
+    // Restarted: the record says beforeLease was cut off; the exporter runs it again.
+    let mut ex = connect().await;
     let (uid2, record) = ex.register(true).await.unwrap();
     assert_eq!(uid2, uid);
     let record = record.expect("the record in Register's headers");
     assert_eq!(record.lease_ref.map(|r| r.name).as_deref(), Some("l1"));
     assert_eq!(
         record.before_lease.map(|h| h.phase),
-        Some(ucm::exporter::types::HookPhase::Running)
+        Some(HookPhase::Running)
     );
     let mut stream = ex.status().await.unwrap();
     next_status(&mut stream, "l1 announced again", TIMEOUT, |r| {
@@ -453,9 +494,9 @@ async fn exporter_killed_mid_hook_recovers() {
     ex.report(Report::BeforeLeaseHook, "beforeLease again")
         .await
         .unwrap();
-    record_hook(&w, "beforeLease", "Running", 2).await;
-    record_hook(&w, "beforeLease", "Succeeded", 2).await;
+    wait_hook(&w, "beforeLease", HookPhase::Running, 2).await;
     ex.report(Report::LeaseReady, "ready").await.unwrap();
+    wait_hook(&w, "beforeLease", HookPhase::Succeeded, 2).await;
     eventually(TIMEOUT, "e1 Online again", || async {
         online(&w).await.as_deref() == Some("True")
     })
@@ -474,7 +515,7 @@ async fn exporter_killed_mid_hook_recovers() {
     ex.report(Report::AfterLeaseHook, "afterLease running")
         .await
         .unwrap();
-    record_hook(&w, "afterLease", "Running", 1).await;
+    wait_hook(&w, "afterLease", HookPhase::Running, 1).await;
     w.create_lease("l2", json!({"board": "rpi"}), "1h").await;
     drop(stream);
     drop(ex);
@@ -493,20 +534,22 @@ async fn exporter_killed_mid_hook_recovers() {
     )
     .await;
 
-    let mut ex = ExporterClient::connect(grpc, &ca, &env.ns, "e1", &token, TIMEOUT).await;
+    // Restarted: the record says afterLease is owed, for l1 and its client.
+    let mut ex = connect().await;
     let (_, record) = ex.register(true).await.unwrap();
     let record = record.expect("the record in Register's headers");
     assert_eq!(record.lease_ref.map(|r| r.name).as_deref(), Some("l1"));
     assert_eq!(record.client_name.as_deref(), Some("c1"));
     assert_eq!(
         record.after_lease.map(|h| h.phase),
-        Some(ucm::exporter::types::HookPhase::Running)
+        Some(HookPhase::Running)
     );
     let _stream = ex.status().await.unwrap();
-    // Re-registered and even reporting Available, it still owes the hook: l2 must wait.
-    ex.report(Report::Available, "claims to be free")
+    ex.report(Report::AfterLeaseHook, "afterLease again")
         .await
         .unwrap();
+    wait_hook(&w, "afterLease", HookPhase::Running, 2).await;
+    // Online again but still running the hook: l2 must wait, saying why.
     w.wait_lease(
         "l2",
         "l2 Pending/NotReady naming the owed hook",
@@ -516,7 +559,9 @@ async fn exporter_killed_mid_hook_recovers() {
                 l.status.as_ref().and_then(|s| s.conditions.as_ref()),
                 "Pending",
             )
-            .is_some_and(|(s, r, m)| s == "True" && r == "NotReady" && m.contains("afterLease"))
+            .is_some_and(|(s, r, m)| {
+                s == "True" && r == "NotReady" && m.contains("afterLease hook owed")
+            })
         },
     )
     .await;
@@ -529,11 +574,9 @@ async fn exporter_killed_mid_hook_recovers() {
             .exporter_ref
             .is_none()
     );
-    ex.report(Report::AfterLeaseHook, "afterLease again")
+    ex.report(Report::Available, "afterLease done")
         .await
         .unwrap();
-    record_hook(&w, "afterLease", "Succeeded", 2).await;
-    ex.report(Report::Available, "done").await.unwrap();
     w.wait_lease("l2", "l2 to hold e1", TIMEOUT, |l| {
         l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some("e1")
     })
