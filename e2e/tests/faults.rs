@@ -140,8 +140,9 @@ async fn api_server_restart_mid_work_loses_nothing() {
         !m.logs().contains("stopped unexpectedly"),
         "a feature or server stopped"
     );
-    // 403s only while the restarted API server's RBAC cache filled.
-    let grace = back_at + jiff::SignedDuration::from_secs(15);
+    // 403s only while the restarted API server's RBAC cache filled (its authorizer answers
+    // "role not found" until then; up to ~25 s on a loaded 2-core machine).
+    let grace = back_at + jiff::SignedDuration::from_secs(60);
     for line in m.logs().lines().filter(|l| l.contains("forbidden")) {
         let at: jiff::Timestamp = line
             .split_whitespace()
@@ -150,7 +151,7 @@ async fn api_server_restart_mid_work_loses_nothing() {
             .unwrap_or_else(|| panic!("unparsable log line: {line}"));
         assert!(
             at >= killed_at && at <= grace,
-            "a request was refused outside the restart:\n{line}"
+            "a request was refused outside the restart (back at {back_at}):\n{line}"
         );
     }
     drop(ex);
