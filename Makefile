@@ -21,7 +21,7 @@ GO_SOURCES  := $(shell find e2e/cmd -name '*.go' 2>/dev/null) e2e/go.mod e2e/go.
 
 export GOTOOLCHAIN := local
 
-.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench fuzz
+.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench fuzz soak
 
 build:
 	$(CARGO) build
@@ -90,3 +90,9 @@ fuzz:
 	@cargo fuzz --version 2>/dev/null | grep -qx 'cargo-fuzz $(CARGO_FUZZ_VERSION)' || \
 	  $(CARGO) install cargo-fuzz --version $(CARGO_FUZZ_VERSION) --locked
 	FUZZ_SECONDS=$(FUZZ_SECONDS) hack/fuzz.sh
+
+# Reliability soak (not part of `make test`): every feature churned for SOAK_MINUTES (default
+# 10) behind a proxy that drops the manager's connections for the first minute; prints the
+# summary the README quotes (RSS, open fds, reconcile errors).
+soak: cluster build
+	SOAK_MINUTES=$(or $(SOAK_MINUTES),10) hack/soak.sh

@@ -9,7 +9,7 @@
 //! deadline without a successful renewal; standbys watch the Lease so a release is taken over at once.
 
 use std::{
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::Ordering},
     time::{Duration, Instant},
 };
 
@@ -129,8 +129,18 @@ impl Leadership {
         }
     }
 
-    fn renewed(&self) {
-        *self.inner.renewed_at.lock().expect("lock") = Some(Instant::now());
+    /// A successful renewal. If the margin had lapsed (no renewal within the renew deadline,
+    /// while the elector had not yet declared the loss), reconciles in that gap saw "not
+    /// leader" and were dropped without a requeue, and writes were refused: count it as a new
+    /// acquisition so every object is reconciled again. Returns whether it had lapsed.
+    fn renewed(&self) -> bool {
+        let now = Instant::now();
+        let previous = self.inner.renewed_at.lock().expect("lock").replace(now);
+        let lapsed = previous.is_some_and(|t| now.duration_since(t) >= self.inner.renew_deadline);
+        if lapsed {
+            self.inner.acquired.send_modify(|n| *n += 1);
+        }
+        lapsed
     }
 
     fn last_renewal(&self) -> Option<Instant> {
@@ -227,6 +237,7 @@ impl Election {
             leadership: leadership.clone(),
             metrics,
             cfg,
+            label_pending: Default::default(),
         };
         let task = tokio::spawn(elector.run(stop.clone()));
         (leadership, Election { stop, task })
@@ -240,12 +251,24 @@ impl Election {
     }
 }
 
+/// What one try-acquire-or-renew did.
+enum Attempt {
+    /// Someone else holds the Lease: look again after at most this long.
+    Wait(Duration),
+    /// We created or wrote the Lease (or failed to).
+    Written(kube::Result<()>),
+}
+
 struct Elector {
     leases: Api<Lease>,
     pods: Api<Pod>,
     leadership: Leadership,
     metrics: Arc<Metrics>,
     cfg: ElectionConfig,
+    /// The leader label is not (yet) known to be on our Pod and off every other: retried
+    /// after each renewal until it is, since one failed write at acquisition would otherwise
+    /// leave leader-only Services without an endpoint until the next acquisition.
+    label_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Elector {
@@ -290,8 +313,12 @@ impl Elector {
         }
         watch_task.abort();
         if *self.leadership.inner.state.borrow() {
-            self.set_pod_label(false).await;
-            self.release().await;
+            // Bounded: shutdown must not hang on an API server that does not answer.
+            let bound = self.cfg.renew_deadline;
+            let _ = tokio::time::timeout(bound, self.set_pod_label(false)).await;
+            if tokio::time::timeout(bound, self.release()).await.is_err() {
+                warn!("could not release the Lease in time; a standby takes over after it expires");
+            }
         }
         self.leadership.set(false);
         gauge.set(0);
@@ -300,52 +327,79 @@ impl Elector {
     /// One round of try-acquire-or-renew; returns how long to wait before the next.
     async fn step(&self, observed: &mut Option<(Record, Instant)>) -> Duration {
         let retry = self.cfg.retry_period;
-        let now = Instant::now();
-        let result = match self.leases.get_opt(&self.cfg.name).await {
-            Err(e) => Err(e),
-            Ok(None) => self.create().await.map(|_| true),
-            Ok(Some(lease)) => {
-                let record = Record::of(&lease);
-                let observed_at = match observed {
-                    Some((r, at)) if *r == record => *at,
-                    _ => now,
-                };
-                *observed = Some((record.clone(), observed_at));
-                match evaluate(&record, observed_at, &self.cfg.identity, now) {
-                    Decision::Wait(d) => {
-                        self.lose_if_leading(&format!(
-                            "the Lease is now held by {}",
-                            record.holder.as_deref().unwrap_or("nobody")
-                        ));
-                        return d.min(retry);
-                    }
-                    Decision::Renew => self.write(lease, false).await.map(|_| true),
-                    Decision::Acquire => self.write(lease, true).await.map(|_| true),
-                }
-            }
+        // client-go bounds every attempt by the renew deadline: a request that hangs (an API
+        // server that accepted the connection but never answers) must not stall the elector,
+        // which would neither renew nor declare the loss nor campaign again.
+        let attempt = tokio::time::timeout(self.cfg.renew_deadline, self.attempt(observed));
+        let result = match attempt.await {
+            Ok(Attempt::Wait(d)) => return d.min(retry),
+            Ok(Attempt::Written(r)) => r.map_err(Some),
+            Err(_) => Err(None),
         };
         match result {
-            Ok(_) => {
+            Ok(()) => {
                 let was = *self.leadership.inner.state.borrow();
                 if was {
-                    self.leadership.renewed();
+                    if self.leadership.renewed() {
+                        warn!(
+                            "leadership renewed after lapsing past the renew deadline; reconciling everything again"
+                        );
+                    }
                 } else {
                     self.leadership.set(true);
                     info!(identity = %self.cfg.identity, "acquired leadership");
-                    self.set_pod_label(true).await;
+                    self.label_pending.store(true, Ordering::SeqCst);
+                }
+                if self.label_pending.load(Ordering::SeqCst) {
+                    let labelled = tokio::time::timeout(retry, self.set_pod_label(true)).await;
+                    if labelled == Ok(true) {
+                        self.label_pending.store(false, Ordering::SeqCst);
+                    }
                 }
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(Some(kube::Error::Api(s))) if s.code == 409 => {
                 debug!("lease changed under us; re-reading");
                 self.check_deadline();
                 return Duration::from_millis(50);
             }
-            Err(e) => {
+            Err(Some(e)) => {
                 warn!(error = %e, "leader election: could not read or write the Lease");
+                self.check_deadline();
+            }
+            Err(None) => {
+                warn!(timeout = ?self.cfg.renew_deadline, "leader election: the Lease request did not answer within the renew deadline");
                 self.check_deadline();
             }
         }
         retry
+    }
+
+    /// Reads the Lease and takes, renews or leaves it.
+    async fn attempt(&self, observed: &mut Option<(Record, Instant)>) -> Attempt {
+        let now = Instant::now();
+        let lease = match self.leases.get_opt(&self.cfg.name).await {
+            Err(e) => return Attempt::Written(Err(e)),
+            Ok(None) => return Attempt::Written(self.create().await.map(|_| ())),
+            Ok(Some(lease)) => lease,
+        };
+        let record = Record::of(&lease);
+        let observed_at = match observed {
+            Some((r, at)) if *r == record => *at,
+            _ => now,
+        };
+        *observed = Some((record.clone(), observed_at));
+        let acquire = match evaluate(&record, observed_at, &self.cfg.identity, now) {
+            Decision::Wait(d) => {
+                self.lose_if_leading(&format!(
+                    "the Lease is now held by {}",
+                    record.holder.as_deref().unwrap_or("nobody")
+                ));
+                return Attempt::Wait(d);
+            }
+            Decision::Renew => false,
+            Decision::Acquire => true,
+        };
+        Attempt::Written(self.write(lease, acquire).await.map(|_| ()))
     }
 
     fn check_deadline(&self) {
@@ -451,10 +505,12 @@ impl Elector {
 
     /// Labels our Pod as leader (and unlabels any former leader that lost without releasing), or
     /// removes our label on release. Without POD_NAME (outside a cluster) there is no Pod.
-    async fn set_pod_label(&self, leading: bool) {
+    /// Returns whether every write succeeded.
+    async fn set_pod_label(&self, leading: bool) -> bool {
         let Some(pod) = &self.cfg.pod_name else {
-            return;
+            return true;
         };
+        let mut ok = true;
         let pp = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
@@ -462,12 +518,17 @@ impl Elector {
         let patch = |v: serde_json::Value| {
             Patch::Merge(serde_json::json!({"metadata": {"labels": {LEADER_LABEL: v}}}))
         };
-        if leading
-            && let Ok(list) = self
-                .pods
+        let others = if leading {
+            self.pods
                 .list(&ListParams::default().labels(&format!("{LEADER_LABEL}=true")))
                 .await
-        {
+                .inspect_err(|e| warn!(error = %e, "could not list Pods carrying the leader label"))
+                .ok()
+        } else {
+            None
+        };
+        ok &= !leading || others.is_some();
+        if let Some(list) = others {
             for other in list
                 .items
                 .iter()
@@ -480,6 +541,7 @@ impl Elector {
                     .await
                 {
                     warn!(pod = other, error = %e, "could not remove the leader label from a former leader");
+                    ok = false;
                 }
             }
         }
@@ -490,7 +552,9 @@ impl Elector {
         };
         if let Err(e) = self.pods.patch(pod, &pp, &patch(value)).await {
             warn!(pod = %pod, error = %e, "could not update the leader label on our Pod");
+            ok = false;
         }
+        ok
     }
 }
 
@@ -593,6 +657,74 @@ mod tests {
             "a leader that has not renewed within the deadline must not write"
         );
         assert!(Leadership::always().is_leader());
+    }
+
+    /// Reconciles that ran while the margin had lapsed returned without a requeue; a renewal
+    /// that ends the lapse (without the elector declaring a loss in between) must re-enqueue
+    /// everything, like an acquisition. A timely renewal must not.
+    #[test]
+    fn a_renewal_after_a_lapse_counts_as_an_acquisition() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = Leadership::elected(Duration::from_millis(50));
+            let mut acq = Box::pin(l.acquisitions());
+            l.set(true);
+            acq.next().await.unwrap();
+            assert!(!l.renewed(), "a timely renewal is not a lapse");
+            let next = tokio::time::timeout(Duration::from_millis(20), acq.next()).await;
+            assert!(next.is_err(), "a timely renewal re-enqueued everything");
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            assert!(!l.is_leader(), "lapsed");
+            assert!(l.renewed());
+            assert!(l.is_leader());
+            tokio::time::timeout(Duration::from_secs(1), acq.next())
+                .await
+                .expect("the renewal after the lapse re-enqueues everything")
+                .unwrap();
+        });
+    }
+
+    /// An API server that accepts connections and never answers: each attempt gives up at the
+    /// renew deadline, so the elector keeps its rhythm (and can declare the loss) instead of
+    /// stalling for the client's read timeout (minutes).
+    #[tokio::test]
+    async fn an_api_server_that_never_answers_does_not_stall_the_elector() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = vec![];
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let cfg = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        let client = Client::try_from(cfg).unwrap();
+        let elector = Elector {
+            leases: Api::namespaced(client.clone(), "ns"),
+            pods: Api::namespaced(client, "ns"),
+            leadership: Leadership::elected(Duration::from_millis(300)),
+            metrics: Arc::new(Metrics::new()),
+            cfg: ElectionConfig {
+                namespace: "ns".into(),
+                name: "lease".into(),
+                identity: "me".into(),
+                lease_duration: Duration::from_secs(1),
+                renew_deadline: Duration::from_millis(300),
+                retry_period: Duration::from_millis(100),
+                pod_name: None,
+                pod_namespace: "ns".into(),
+            },
+            label_pending: Default::default(),
+        };
+        let started = Instant::now();
+        let wait = tokio::time::timeout(Duration::from_secs(5), elector.step(&mut None))
+            .await
+            .expect("the attempt hung past the renew deadline");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(wait, Duration::from_millis(100));
     }
 
     #[test]

@@ -189,27 +189,10 @@ async fn run_feature(f: &'static Feature, rt: Runtime, matches: clap::ArgMatches
     let crds: Api<CustomResourceDefinition> = Api::all(rt.client.clone());
     for crd in (f.crds)() {
         let name = crd.name_any();
-        let missing =
-            format!("CustomResourceDefinition {name} is not installed or not Established");
-        rt.health.set(&check, Err(missing.clone()));
-        match crds.get_opt(&name).await {
-            Ok(Some(c)) if conditions::is_crd_established().matches_object(Some(&c)) => continue,
-            Ok(_) => {
-                error!(feature = f.name, crd = %name, "{missing}; the feature starts once it is applied (see `ucm crds`)")
-            }
-            Err(e) => {
-                error!(feature = f.name, crd = %name, error = %e, "cannot read CustomResourceDefinitions; waiting")
-            }
-        }
-        let waited = tokio::select! {
-            _ = rt.shutdown.cancelled() => return,
-            r = await_condition(crds.clone(), &name, conditions::is_crd_established()) => r,
-        };
-        if let Err(e) = waited {
-            error!(feature = f.name, crd = %name, error = %e, "stopped waiting for the CRD");
+        let set = |msg: String| rt.health.set(&check, Err(msg));
+        if !wait_established(&crds, &name, f.name, &rt.shutdown, set).await {
             return;
         }
-        info!(feature = f.name, crd = %name, "CRD established");
     }
     // Ready once the feature's controllers have their initial lists (see Runtime::track_synced).
     rt.health.set(
@@ -228,5 +211,93 @@ async fn run_feature(f: &'static Feature, rt: Runtime, matches: clap::ArgMatches
             error!(feature = f.name, "feature stopped before shutdown")
         }
         Ok(()) => info!(feature = f.name, "feature drained"),
+    }
+}
+
+/// Waits until the CRD `name` is Established; false when shutdown came first. API errors (an
+/// unreachable or restarting API server) are retried with backoff, never fatal: the manager
+/// must outlive an API outage, also at start. `status` receives the readiness message.
+async fn wait_established(
+    crds: &Api<CustomResourceDefinition>,
+    name: &str,
+    feature: &str,
+    shutdown: &CancellationToken,
+    status: impl Fn(String),
+) -> bool {
+    let missing = format!("CustomResourceDefinition {name} is not installed or not Established");
+    let mut failures = 0u32;
+    loop {
+        status(missing.clone());
+        match crds.get_opt(name).await {
+            Ok(Some(c)) if conditions::is_crd_established().matches_object(Some(&c)) => {
+                return true;
+            }
+            Ok(_) if failures == 0 => {
+                error!(feature, crd = %name, "{missing}; the feature starts once it is applied (see `ucm crds`)")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                status(format!("cannot read CustomResourceDefinition {name}: {e}"));
+                warn!(feature, crd = %name, error = %e, "cannot read CustomResourceDefinitions; retrying")
+            }
+        }
+        let waited = tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            r = await_condition(crds.clone(), name, conditions::is_crd_established()) => r,
+        };
+        match waited {
+            Ok(_) => {
+                info!(feature, crd = %name, "CRD established");
+                return true;
+            }
+            Err(e) => {
+                failures += 1;
+                let wait = super::controller::backoff(failures, Duration::from_secs(30));
+                warn!(feature, crd = %name, error = %e, retry_in = ?wait, "watching the CRD failed; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return false,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An API server that refuses connections keeps the wait going (no early return that would
+    /// end the feature and the manager); only shutdown ends it.
+    #[tokio::test]
+    async fn crd_wait_outlives_an_unreachable_api_server() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        let crds: Api<CustomResourceDefinition> = Api::all(Client::try_from(cfg).unwrap());
+        let shutdown = CancellationToken::new();
+        let messages = std::sync::Mutex::new(Vec::new());
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            stop.cancel();
+        });
+        let started = std::time::Instant::now();
+        let established = wait_established(&crds, "widgets.example.com", "f", &shutdown, |m| {
+            messages.lock().unwrap().push(m)
+        })
+        .await;
+        assert!(!established);
+        assert!(started.elapsed() >= Duration::from_millis(2400));
+        let messages = messages.into_inner().unwrap();
+        assert!(
+            messages
+                .iter()
+                .any(|m| m.starts_with("cannot read CustomResourceDefinition widgets.example.com")),
+            "{messages:?}"
+        );
     }
 }

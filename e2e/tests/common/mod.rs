@@ -771,3 +771,16 @@ pub fn jumpstarter_venv() -> PathBuf {
     );
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
+
+impl Harness {
+    /// SIGKILL, as a crashed control plane: etcd's data stays in `dir` for a restart with
+    /// [`Harness::start_in`] (kube-controller-manager dies with it through its parent-death
+    /// signal). A graceful stop waits for open watches to drain, up to ~40 s.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.stdin.take();
+    }
+}
