@@ -29,7 +29,7 @@ async fn until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) 
 }
 
 pub async fn run(ctx: &Ctx) -> Vec<Figure> {
-    let c = ctx.admin.clone();
+    let c = ctx.plane.admin.clone();
     let dir = ctx.work.join("barrier");
     let nodes: Vec<String> = ["x", "y", "z"]
         .iter()
@@ -77,7 +77,10 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         let mut cmd = Command::new(ucm_bin());
         cmd.arg("snapshot-agent")
             .arg(format!("--node-name={n}"))
-            .arg(format!("--kubeconfig={}", ctx.agent_kubeconfig.display()))
+            .arg(format!(
+                "--kubeconfig={}",
+                ctx.plane.agent_kubeconfig.display()
+            ))
             .arg(format!("--namespace={SYSTEM_NS}"))
             .arg("--heartbeat-interval=2s")
             .arg("--barrier=fake")
@@ -92,7 +95,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         agents.push(Proc::spawn(cmd, ndir.join("agent.log")));
     }
     let mut m = Proc::manager(
-        &ctx.manager_kubeconfig,
+        &ctx.plane.manager_kubeconfig,
         dir.join("manager.log"),
         &[
             "--enable-exporter=false".into(),

@@ -13,17 +13,19 @@
 //! 4. RSS with everything cached; manager writes during an idle window.
 //! 5. Restart: a new manager's time to /readyz with every object present (reference: a bare
 //!    client listing the same objects), its writes during start-up, and its RSS.
-//! 6. Cleanup, so the next run starts from an empty cluster again.
+//!
+//! Each run has two fresh control planes (one for the references, one for ucm), so every run
+//! starts from an empty etcd and no run waits for deletions.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
@@ -33,10 +35,8 @@ use ucm::snapshot::types::{MiroirSnapshot, MiroirVolume};
 use ucm::vmexport::VirtualMachineExport;
 
 use crate::Ctx;
-use crate::cluster::{Counts, SYSTEM_NS};
-use crate::kube_util::{
-    CONCURRENCY, create_all, create_namespace, delete_namespace, list_all, track, wait_none,
-};
+use crate::cluster::{Counts, Plane, SYSTEM_NS};
+use crate::kube_util::{CONCURRENCY, create_all, create_namespace, list_all, track};
 use crate::procs::{Proc, cpu_secs, ucm_bin};
 use crate::report::{Figure, median};
 
@@ -158,7 +158,7 @@ fn reference_status(kind: &str, name: &str) -> Value {
 /// seconds from the first create until a watch has seen every final status, and the API server's
 /// CPU seconds meanwhile.
 async fn reference<K>(
-    ctx: &Ctx,
+    p: &Plane,
     api: Api<K>,
     kind: &str,
     objs: Vec<K>,
@@ -183,7 +183,7 @@ where
         done,
     );
     let t0 = Instant::now();
-    let cpu0 = cpu_secs(ctx.apiserver_pid);
+    let cpu0 = cpu_secs(p.apiserver_pid);
     futures::stream::iter(objs)
         .for_each_concurrent(CONCURRENCY, |o| {
             let api = api.clone();
@@ -201,7 +201,7 @@ where
         })
         .await;
     let t1 = tracker.wait(&format!("reference {kind}"), WAIT).await;
-    ((t1 - t0).as_secs_f64(), cpu_secs(ctx.apiserver_pid) - cpu0)
+    ((t1 - t0).as_secs_f64(), cpu_secs(p.apiserver_pid) - cpu0)
 }
 
 /// The kubelet the local control plane lacks: marks each export pod Running and Ready once.
@@ -240,43 +240,14 @@ fn kubelet(client: Client, ns: String) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// The local control plane runs no pvc-protection controller, so the `kubernetes.io/pvc-protection`
-/// finalizer the API server adds would keep the namespace from ever being deleted.
-async fn release_pvcs(c: &Client, ns: &str) {
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(c.clone(), ns);
-    let names: Vec<String> = api
-        .list_metadata(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|p| p.name_any())
-        .collect();
-    futures::stream::iter(names)
-        .for_each_concurrent(CONCURRENCY, |n| {
-            let api = api.clone();
-            async move {
-                let _ = api
-                    .patch(
-                        &n,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                    )
-                    .await;
-            }
-        })
-        .await;
-}
-
 struct Agents {
-    procs: Vec<Proc>,
-    fake_dir: PathBuf,
+    _procs: Vec<Proc>,
     volumes: Vec<String>,
 }
 
 /// Three `ucm snapshot-agent` processes (fake barrier, loopfile pools) and the fake DRBD view of
 /// `n` three-replica volumes, each 64 KiB.
-fn start_agents(ctx: &Ctx, dir: &Path, prefix: &str, n: usize) -> Agents {
+fn start_agents(p: &Plane, dir: &Path, prefix: &str, n: usize) -> Agents {
     let fake_dir = dir.join("fake");
     std::fs::create_dir_all(&fake_dir).unwrap();
     let volumes: Vec<String> = (0..n).map(|i| format!("{prefix}-v{i:03}")).collect();
@@ -319,7 +290,7 @@ fn start_agents(ctx: &Ctx, dir: &Path, prefix: &str, n: usize) -> Agents {
         let mut cmd = Command::new(ucm_bin());
         cmd.arg("snapshot-agent")
             .arg(format!("--node-name={node}"))
-            .arg(format!("--kubeconfig={}", ctx.agent_kubeconfig.display()))
+            .arg(format!("--kubeconfig={}", p.agent_kubeconfig.display()))
             .arg(format!("--namespace={SYSTEM_NS}"))
             .arg("--barrier=fake")
             .arg(format!("--fake-barrier-dir={}", fake_dir.display()))
@@ -333,8 +304,7 @@ fn start_agents(ctx: &Ctx, dir: &Path, prefix: &str, n: usize) -> Agents {
         procs.push(Proc::spawn(cmd, ndir.join("agent.log")));
     }
     Agents {
-        procs,
-        fake_dir,
+        _procs: procs,
         volumes,
     }
 }
@@ -364,7 +334,7 @@ struct Step {
 
 /// One timed bulk step.
 async fn timed<K>(
-    ctx: &Ctx,
+    p: &Plane,
     m: &Proc,
     api: Api<K>,
     objs: Vec<K>,
@@ -383,25 +353,25 @@ where
         + 'static,
 {
     let n = objs.len();
-    let off0 = ctx.audit.offset();
+    let off0 = p.audit.offset();
     let tracker = track(
         api.clone(),
         watcher::Config::default().labels(&format!("{LABEL}={run}")),
         n,
         done,
     );
-    let (mcpu0, acpu0) = (m.cpu(), cpu_secs(ctx.apiserver_pid));
+    let (mcpu0, acpu0) = (m.cpu(), cpu_secs(p.apiserver_pid));
     let t0 = Instant::now();
     create_all(&api, objs).await;
     let t1 = tracker.wait(what, WAIT).await;
-    ctx.audit
+    p.audit
         .settle(
             "ucm-manager",
             Duration::from_secs(2),
             Duration::from_secs(30),
         )
         .await;
-    let counts = ctx.audit.count(off0, ctx.audit.offset());
+    let counts = p.audit.count(off0, p.audit.offset());
     let secs = (t1 - t0).as_secs_f64();
     eprintln!("  {what}: {n} in {secs:.1}s ({:.0}/s)", n as f64 / secs);
     Step {
@@ -409,7 +379,7 @@ where
         manager: counts.get("ucm-manager").cloned().unwrap_or_default(),
         agents: counts.get("ucm-agent").cloned().unwrap_or_default(),
         manager_cpu: m.cpu() - mcpu0,
-        apiserver_cpu: cpu_secs(ctx.apiserver_pid) - acpu0,
+        apiserver_cpu: cpu_secs(p.apiserver_pid) - acpu0,
     }
 }
 
@@ -446,68 +416,63 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     let mut breakdown: BTreeMap<&'static str, String> = BTreeMap::new();
     for r in 0..ctx.runs {
         eprintln!("bulk run {}/{}", r + 1, ctx.runs);
-        let run = format!("r{r}");
-        let c = ctx.admin.clone();
-
-        // 1. References.
-        let ref_ns = format!("bench-ref-{r}");
-        create_namespace(&c, &ref_ns).await;
-        let rrun = format!("ref{r}");
-        let (t, cpu) = reference(
-            ctx,
-            Api::<Exporter>::namespaced(c.clone(), &ref_ns),
-            "exporter",
-            (0..sc.exporters)
-                .map(|i| exporter(&format!("exp-{i:05}"), &rrun))
-                .collect(),
-            exporter_done,
-            &rrun,
-        )
-        .await;
-        s.push("ref.exporters", sc.exporters as f64 / t);
-        s.push("ref.exporters.api_cpu", cpu * 1000.0 / sc.exporters as f64);
-        let (t, cpu) = reference(
-            ctx,
-            Api::<VirtualMachineExport>::namespaced(c.clone(), &ref_ns),
-            "vmexport",
-            (0..sc.vmexports)
-                .map(|i| vmexport(&format!("vmx-{i:04}"), &format!("pvc-{i:04}"), &rrun))
-                .collect(),
-            vmx_done,
-            &rrun,
-        )
-        .await;
-        s.push("ref.vmexports", sc.vmexports as f64 / t);
-        s.push("ref.vmexports.api_cpu", cpu * 1000.0 / sc.vmexports as f64);
-        let snaps: Api<MiroirSnapshot> = Api::all(c.clone());
-        let (t, cpu) = reference(
-            ctx,
-            snaps.clone(),
-            "snapshot",
-            (0..sc.snapshots)
-                .map(|i| snapshot(&format!("ref{r}-s{i:04}"), "none", &rrun))
-                .collect(),
-            snap_done,
-            &rrun,
-        )
-        .await;
-        s.push("ref.snapshots", sc.snapshots as f64 / t);
-        s.push("ref.snapshots.api_cpu", cpu * 1000.0 / sc.snapshots as f64);
-        let by_run = ListParams::default().labels(&format!("{LABEL}={rrun}"));
-        snaps
-            .delete_collection(&DeleteParams::default(), &by_run)
-            .await
-            .unwrap();
-        wait_none(&snaps, &by_run, "reference snapshots", WAIT).await;
-        delete_namespace(&c, &ref_ns, WAIT).await;
-
-        // 2. A fresh manager on an empty cluster.
         let dir = ctx.work.join(format!("bulk-{r}"));
         std::fs::create_dir_all(&dir).unwrap();
-        let ns = format!("bench-{r}");
-        create_namespace(&c, &ns).await;
+        let run = format!("r{r}");
+        let ns = "bench";
+
+        // 1. References, on an empty control plane of their own.
+        {
+            let p = Plane::start(&dir.join("cp-ref")).await;
+            let c = p.admin.clone();
+            create_namespace(&c, ns).await;
+            let (t, cpu) = reference(
+                &p,
+                Api::<Exporter>::namespaced(c.clone(), ns),
+                "exporter",
+                (0..sc.exporters)
+                    .map(|i| exporter(&format!("exp-{i:05}"), &run))
+                    .collect(),
+                exporter_done,
+                &run,
+            )
+            .await;
+            s.push("ref.exporters", sc.exporters as f64 / t);
+            s.push("ref.exporters.api_cpu", cpu * 1000.0 / sc.exporters as f64);
+            let (t, cpu) = reference(
+                &p,
+                Api::<VirtualMachineExport>::namespaced(c.clone(), ns),
+                "vmexport",
+                (0..sc.vmexports)
+                    .map(|i| vmexport(&format!("vmx-{i:04}"), &format!("pvc-{i:04}"), &run))
+                    .collect(),
+                vmx_done,
+                &run,
+            )
+            .await;
+            s.push("ref.vmexports", sc.vmexports as f64 / t);
+            s.push("ref.vmexports.api_cpu", cpu * 1000.0 / sc.vmexports as f64);
+            let (t, cpu) = reference(
+                &p,
+                Api::<MiroirSnapshot>::all(c.clone()),
+                "snapshot",
+                (0..sc.snapshots)
+                    .map(|i| snapshot(&format!("s{i:04}"), "none", &run))
+                    .collect(),
+                snap_done,
+                &run,
+            )
+            .await;
+            s.push("ref.snapshots", sc.snapshots as f64 / t);
+            s.push("ref.snapshots.api_cpu", cpu * 1000.0 / sc.snapshots as f64);
+        }
+
+        // 2. A fresh manager on another empty control plane.
+        let p = Plane::start(&dir.join("cp")).await;
+        let c = p.admin.clone();
+        create_namespace(&c, ns).await;
         let mut m = Proc::manager(
-            &ctx.manager_kubeconfig,
+            &p.manager_kubeconfig,
             dir.join("manager.log"),
             &manager_args(),
         );
@@ -516,14 +481,14 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let rss0 = m.rss() as f64;
         s.push("rss.zero", rss0 / (1 << 20) as f64);
-        let agents = start_agents(ctx, &dir, &format!("r{r}"), sc.volumes);
+        let agents = start_agents(&p, &dir, &run, sc.volumes);
         wait_agent_leases(&c).await;
 
         // 3. Bulk: Exporters, VirtualMachineExports, MiroirSnapshots.
         let st = timed(
-            ctx,
+            &p,
             &m,
-            Api::<Exporter>::namespaced(c.clone(), &ns),
+            Api::<Exporter>::namespaced(c.clone(), ns),
             (0..sc.exporters)
                 .map(|i| exporter(&format!("exp-{i:05}"), &run))
                 .collect(),
@@ -536,17 +501,17 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         bd_insert(&mut breakdown, "exporters", st.manager.top(8));
 
         create_all(
-            &Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns),
+            &Api::<PersistentVolumeClaim>::namespaced(c.clone(), ns),
             (0..sc.vmexports)
                 .map(|i| pvc(&format!("pvc-{i:04}")))
                 .collect(),
         )
         .await;
-        let kubelet = kubelet(c.clone(), ns.clone());
+        let kubelet = kubelet(c.clone(), ns.to_string());
         let st = timed(
-            ctx,
+            &p,
             &m,
-            Api::<VirtualMachineExport>::namespaced(c.clone(), &ns),
+            Api::<VirtualMachineExport>::namespaced(c.clone(), ns),
             (0..sc.vmexports)
                 .map(|i| vmexport(&format!("vmx-{i:04}"), &format!("pvc-{i:04}"), &run))
                 .collect(),
@@ -578,9 +543,9 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             })
             .collect();
         let st = timed(
-            ctx,
+            &p,
             &m,
-            snaps.clone(),
+            Api::all(c.clone()),
             snap_objs,
             snap_done,
             &run,
@@ -603,19 +568,14 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             "rss.per_object",
             (rss1 - rss0) / sc.cached() as f64 / 1024.0,
         );
-        let off0 = ctx.audit.offset();
+        let off0 = p.audit.offset();
         let w0 = Instant::now();
         tokio::time::sleep(ctx.idle_window).await;
-        let counts = ctx.audit.count(off0, ctx.audit.offset());
+        let counts = p.audit.count(off0, p.audit.offset());
         let idle = counts.get("ucm-manager").cloned().unwrap_or_default();
-        s.push(
-            "idle.writes_per_min",
-            idle.writes as f64 / (w0.elapsed().as_secs_f64() / 60.0),
-        );
-        s.push(
-            "idle.requests_per_min",
-            idle.requests() as f64 / (w0.elapsed().as_secs_f64() / 60.0),
-        );
+        let minutes = w0.elapsed().as_secs_f64() / 60.0;
+        s.push("idle.writes_per_min", idle.writes as f64 / minutes);
+        s.push("idle.requests_per_min", idle.requests() as f64 / minutes);
         if idle.requests() > 0 {
             bd_insert(&mut breakdown, "idle", idle.top(6));
         }
@@ -635,16 +595,16 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         listed += list_all(&Api::<ConfigMap>::all(c.clone())).await;
         s.push("startup.list_ref", t0.elapsed().as_secs_f64());
         eprintln!("  reference list: {listed} objects");
-        let off0 = ctx.audit.offset();
+        let off0 = p.audit.offset();
         let mut m2 = Proc::manager(
-            &ctx.manager_kubeconfig,
+            &p.manager_kubeconfig,
             dir.join("manager-restart.log"),
             &manager_args(),
         );
         let ready = m2.wait_ready(Duration::from_secs(300)).await;
         s.push("startup.full", ready.as_secs_f64());
         tokio::time::sleep(Duration::from_secs(10)).await;
-        let counts = ctx.audit.count(off0, ctx.audit.offset());
+        let counts = p.audit.count(off0, p.audit.offset());
         let st = counts.get("ucm-manager").cloned().unwrap_or_default();
         s.push("startup.writes", st.writes as f64);
         if st.writes > 0 {
@@ -652,25 +612,12 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         }
         s.push("rss.restarted", m2.rss() as f64 / (1 << 20) as f64);
 
-        // 6. Cleanup: snapshots first (the agents remove their teardown finalizers).
-        let by_run = ListParams::default().labels(&format!("{LABEL}={run}"));
-        snaps
-            .delete_collection(&DeleteParams::default(), &by_run)
-            .await
-            .unwrap();
-        wait_none(&snaps, &by_run, "bench snapshots", WAIT).await;
-        volumes
-            .delete_collection(&DeleteParams::default(), &by_run)
-            .await
-            .unwrap();
-        wait_none(&volumes, &by_run, "bench volumes", WAIT).await;
-        release_pvcs(&c, &ns).await;
-        delete_namespace(&c, &ns, WAIT).await;
+        // 6. Stop everything; the control plane and its data go with it.
         m2.stop("TERM");
-        drop(agents.procs);
-        let _ = std::fs::remove_dir_all(&agents.fake_dir);
-        for node in NODES {
-            let _ = std::fs::remove_dir_all(dir.join(node).join("pool"));
+        drop(agents);
+        drop(p);
+        if std::env::var("UCM_BENCH_KEEP").as_deref() != Ok("1") {
+            let _ = std::fs::remove_dir_all(&dir);
         }
     }
     figures(ctx, &s, &breakdown)

@@ -20,6 +20,37 @@ use serde_json::json;
 /// The manager's namespace (leader Lease, generated Secrets, agent heartbeat Leases).
 pub const SYSTEM_NS: &str = "ucm-system";
 
+/// A control plane with ucm's CRDs, the extra service range, and the two ServiceAccount
+/// identities ucm's processes use.
+pub struct Plane {
+    pub admin: Client,
+    pub manager_kubeconfig: PathBuf,
+    pub agent_kubeconfig: PathBuf,
+    pub audit: Audit,
+    /// etcd + kube-apiserver process, for CPU accounting.
+    pub apiserver_pid: u32,
+    _cp: ControlPlane,
+}
+
+impl Plane {
+    pub async fn start(dir: &Path) -> Plane {
+        let cp = ControlPlane::start(dir);
+        let admin = crate::common::client_for(&cp.kubeconfig).await;
+        crate::common::install_crds(&admin).await;
+        more_service_ips(&admin).await;
+        let manager_kubeconfig = identity(&admin, &cp.kubeconfig, "ucm-manager", dir).await;
+        let agent_kubeconfig = identity(&admin, &cp.kubeconfig, "ucm-agent", dir).await;
+        Plane {
+            admin,
+            manager_kubeconfig,
+            agent_kubeconfig,
+            audit: cp.audit(),
+            apiserver_pid: cp.pid(),
+            _cp: cp,
+        }
+    }
+}
+
 pub struct ControlPlane {
     pub kubeconfig: PathBuf,
     pub audit_log: PathBuf,
@@ -44,7 +75,9 @@ impl ControlPlane {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(&policy, AUDIT_POLICY).unwrap();
         let log = std::fs::File::create(dir.join("kharness.log")).unwrap();
-        let mut child = Command::new(crate::common::kharness_bin())
+        let mut cmd = Command::new(crate::common::kharness_bin());
+        crate::procs::die_with_parent(&mut cmd);
+        let mut child = cmd
             .arg("serve")
             .arg("--dir")
             .arg(dir.join("cluster"))
@@ -98,7 +131,39 @@ impl Drop for ControlPlane {
             crate::common::signal(c.id(), "TERM");
             let _ = c.wait();
         }
+        if std::env::var("UCM_BENCH_KEEP").as_deref() != Ok("1") {
+            let _ = std::fs::remove_file(&self.audit_log);
+        }
     }
+}
+
+/// 1,000 export Services need more ClusterIPs than the harness's /24 service range holds: a
+/// second ServiceCIDR adds a /16. The harness runs no service-CIDR controller, so the bench marks
+/// it Ready as that controller would (the allocator only uses Ready ServiceCIDRs).
+pub async fn more_service_ips(admin: &Client) {
+    use k8s_openapi::api::networking::v1::ServiceCIDR;
+    let cidr: ServiceCIDR = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": {"name": "ucm-bench"}, "spec": {"cidrs": ["10.96.0.0/16"]}
+    }))
+    .unwrap();
+    let api: Api<ServiceCIDR> = Api::all(admin.clone());
+    api.patch(
+        "ucm-bench",
+        &PatchParams::apply("ucm-bench").force(),
+        &Patch::Apply(cidr),
+    )
+    .await
+    .unwrap();
+    let now = jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .unwrap()
+        .to_string();
+    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "UcmBench",
+        "message": "marked Ready by the ucm bench", "lastTransitionTime": now}]}});
+    api.patch_status("ucm-bench", &PatchParams::default(), &Patch::Merge(ready))
+        .await
+        .unwrap();
 }
 
 /// Creates `ucm-system`, binds its ServiceAccounts to cluster-admin, and returns a kubeconfig for

@@ -110,7 +110,9 @@ http {{
     )
     .unwrap();
     std::fs::create_dir_all(dir.join("tmp")).unwrap();
-    let child = Command::new("nginx")
+    let mut cmd = Command::new("nginx");
+    crate::procs::die_with_parent(&mut cmd);
+    let child = cmd
         .arg("-c")
         .arg(&conf)
         .arg("-p")

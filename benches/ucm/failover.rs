@@ -24,7 +24,7 @@ const LEASE: &str = "ucm-bench-failover";
 
 fn start(ctx: &Ctx, i: usize) -> Proc {
     Proc::manager(
-        &ctx.manager_kubeconfig,
+        &ctx.plane.manager_kubeconfig,
         ctx.work.join(format!("failover-manager-{i}.log")),
         &[
             "--leader-elect".into(),
@@ -45,7 +45,7 @@ async fn holder(leases: &Api<Lease>) -> Option<(String, SystemTime)> {
 }
 
 pub async fn run(ctx: &Ctx) -> Vec<Figure> {
-    let c = ctx.admin.clone();
+    let c = ctx.plane.admin.clone();
     create_namespace(&c, NS).await;
     let leases: Api<Lease> = Api::namespaced(c.clone(), SYSTEM_NS);
     let exporters: Api<Exporter> = Api::namespaced(c.clone(), NS);

@@ -116,11 +116,11 @@ async fn exporter(
 
 pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     let n = ctx.scale.grpc_exporters;
-    let c = ctx.admin.clone();
+    let c = ctx.plane.admin.clone();
     create_namespace(&c, NS).await;
     let dir = ctx.work.join("grpc");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut m = Proc::manager(&ctx.manager_kubeconfig, dir.join("manager.log"), &[]);
+    let mut m = Proc::manager(&ctx.plane.manager_kubeconfig, dir.join("manager.log"), &[]);
     m.wait_ready(Duration::from_secs(120)).await;
 
     let exporters: Api<Exporter> = Api::namespaced(c.clone(), NS);
@@ -242,14 +242,15 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     let mut metric_per_exporter = Vec::new();
     let mut top = String::new();
     for w in 0..ctx.grpc_windows {
-        let off0 = ctx.audit.offset();
+        let off0 = ctx.plane.audit.offset();
         let m0 = m.metric("ucm_exporter_status_writes_total").await;
         let w0 = Instant::now();
         tokio::time::sleep(ctx.grpc_window).await;
         let minutes = w0.elapsed().as_secs_f64() / 60.0;
         let counts = ctx
+            .plane
             .audit
-            .count_excluding(off0, ctx.audit.offset(), &victims);
+            .count_excluding(off0, ctx.plane.audit.offset(), &victims);
         let mc = counts.get("ucm-manager").cloned().unwrap_or_default();
         let m1 = m.metric("ucm_exporter_status_writes_total").await;
         let v = mc.writes as f64 / online_n / minutes;

@@ -157,29 +157,6 @@ where
     }
 }
 
-/// Waits until no object matches `lp` in `api`.
-pub async fn wait_none<K>(api: &Api<K>, lp: &ListParams, what: &str, timeout: Duration)
-where
-    K: Resource + Clone + DeserializeOwned + Debug,
-{
-    let start = Instant::now();
-    loop {
-        let left = api
-            .list_metadata(&lp.clone().limit(1))
-            .await
-            .map(|l| l.items.len())
-            .unwrap_or(1);
-        if left == 0 {
-            return;
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "{what} still exist after {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 /// Lists every object of `api` page by page (as the manager's watches do), returning the count.
 pub async fn list_all<K>(api: &Api<K>) -> usize
 where

@@ -25,15 +25,9 @@ mod report;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kube::Client;
-
 pub struct Ctx {
-    pub admin: Client,
-    pub manager_kubeconfig: PathBuf,
-    pub agent_kubeconfig: PathBuf,
-    pub audit: cluster::Audit,
-    /// etcd + kube-apiserver process, for CPU accounting.
-    pub apiserver_pid: u32,
+    /// The control plane of every phase but `bulk`, whose runs start their own.
+    pub plane: cluster::Plane,
     pub work: PathBuf,
     pub runs: usize,
     pub scale: bulk::Scale,
@@ -155,17 +149,8 @@ async fn main() {
         work.display()
     );
 
-    let cp = cluster::ControlPlane::start(&work.join("cp"));
-    let admin = common::client_for(&cp.kubeconfig).await;
-    common::install_crds(&admin).await;
-    let manager_kubeconfig = cluster::identity(&admin, &cp.kubeconfig, "ucm-manager", &work).await;
-    let agent_kubeconfig = cluster::identity(&admin, &cp.kubeconfig, "ucm-agent", &work).await;
     let ctx = Ctx {
-        admin,
-        manager_kubeconfig,
-        agent_kubeconfig,
-        audit: cp.audit(),
-        apiserver_pid: cp.pid(),
+        plane: cluster::Plane::start(&work.join("cp")).await,
         work: work.clone(),
         runs,
         scale,
@@ -221,5 +206,5 @@ async fn main() {
     let fresh = report::Results { meta: m, figures };
     report::write(&out, fresh, METHODS).unwrap();
     eprintln!("wrote {}/results.md and results.json", out.display());
-    drop(cp);
+    drop(ctx);
 }

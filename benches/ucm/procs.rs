@@ -7,6 +7,19 @@ use std::time::{Duration, Instant};
 
 use crate::common::{free_port, http_get, signal};
 
+/// The child gets SIGTERM when the bench driver dies, even without running its destructors
+/// (Ctrl-C, a kill): no manager, agent or server outlives a bench run.
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches only the calling (child) process.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+}
+
 pub fn ucm_bin() -> &'static str {
     env!("CARGO_BIN_EXE_ucm")
 }
@@ -68,6 +81,7 @@ impl Proc {
     }
 
     pub fn spawn(mut cmd: Command, log: PathBuf) -> Proc {
+        die_with_parent(&mut cmd);
         let f = std::fs::File::create(&log).unwrap();
         let spawned = Instant::now();
         let child = cmd
