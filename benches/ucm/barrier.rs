@@ -1,0 +1,234 @@
+//! Phase `barrier` (issue 9 item 4 second half; snapshot.md §14): the barrier-held time of
+//! 3-replica rounds against the local API server, with the manager and three `ucm snapshot-agent`
+//! processes using the fake barrier and the loopfile backend. Per leg: from the start of the raise
+//! (freeze, else suspend) to the end of the lift (thaw, else resume), minus that leg's cut time,
+//! as the fake barrier's event log records them. Rounds run one after the other.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::json;
+use ucm::snapshot::agent::barrier::fake::{self, FakeCluster, FakeVolume};
+use ucm::snapshot::types::{MiroirSnapshot, MiroirVolume};
+
+use crate::Ctx;
+use crate::cluster::SYSTEM_NS;
+use crate::procs::{Proc, ucm_bin};
+use crate::report::{Figure, percentile};
+
+const PHASE: &str = "barrier";
+
+async fn until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn run(ctx: &Ctx) -> Vec<Figure> {
+    let c = ctx.plane.admin.clone();
+    let dir = ctx.work.join("barrier");
+    let nodes: Vec<String> = ["x", "y", "z"]
+        .iter()
+        .map(|n| format!("barrier-{n}"))
+        .collect();
+    let vol = "barrier-vol".to_string();
+    let fake_dir = dir.join("fake");
+    std::fs::create_dir_all(&fake_dir).unwrap();
+    fake::write_cluster(
+        &fake_dir,
+        &FakeCluster {
+            volumes: [(
+                vol.clone(),
+                FakeVolume {
+                    primary: Some(nodes[0].clone()),
+                    legs: nodes
+                        .iter()
+                        .map(|n| (n.clone(), "UpToDate".to_string()))
+                        .collect(),
+                },
+            )]
+            .into(),
+            faults: Default::default(),
+        },
+    )
+    .unwrap();
+    let mut agents = Vec::new();
+    for n in &nodes {
+        let ndir = dir.join(n);
+        let vfile = ndir.join("pool/volumes").join(format!("{vol}.img"));
+        std::fs::create_dir_all(vfile.parent().unwrap()).unwrap();
+        std::fs::File::create(&vfile)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+        let pools = ndir.join("pools.yaml");
+        std::fs::write(
+            &pools,
+            format!(
+                "pools:\n  default: {{backend: loopfile, base: {}}}\n",
+                ndir.join("pool").display()
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(ucm_bin());
+        cmd.arg("snapshot-agent")
+            .arg(format!("--node-name={n}"))
+            .arg(format!(
+                "--kubeconfig={}",
+                ctx.plane.agent_kubeconfig.display()
+            ))
+            .arg(format!("--namespace={SYSTEM_NS}"))
+            .arg("--heartbeat-interval=2s")
+            .arg("--barrier=fake")
+            .arg(format!("--fake-barrier-dir={}", fake_dir.display()))
+            .arg(format!("--pools={}", pools.display()))
+            .arg("--loopfile-full-copy")
+            .arg(format!("--journal={}", ndir.join("journal.json").display()))
+            .arg("--metrics-bind-address=0")
+            .arg("--health-probe-bind-address=0")
+            .arg("--log-level=warn")
+            .env_remove("RUST_LOG");
+        agents.push(Proc::spawn(cmd, ndir.join("agent.log")));
+    }
+    let mut m = Proc::manager(
+        &ctx.plane.manager_kubeconfig,
+        dir.join("manager.log"),
+        &[
+            "--enable-exporter=false".into(),
+            "--enable-vmexport=false".into(),
+        ],
+    );
+    m.wait_ready(Duration::from_secs(60)).await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(c.clone(), SYSTEM_NS);
+    for n in &nodes {
+        let name = format!("ucm-snapshot-agent-{n}");
+        until("agent heartbeats", Duration::from_secs(60), async || {
+            leases.get_opt(&name).await.ok().flatten().is_some()
+        })
+        .await;
+    }
+    let volumes: Api<MiroirVolume> = Api::all(c.clone());
+    let v: MiroirVolume = serde_json::from_value(json!({
+        "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirVolume",
+        "metadata": {"name": vol},
+        "spec": {"sizeBytes": 16 << 20, "replicas": nodes.iter().map(|n| json!({"node": n, "backend": "loopfile"})).collect::<Vec<_>>()},
+    }))
+    .unwrap();
+    volumes.create(&PostParams::default(), &v).await.unwrap();
+
+    let snaps: Api<MiroirSnapshot> = Api::all(c.clone());
+    let mut run_medians = Vec::new();
+    let mut run_p99 = Vec::new();
+    let mut all_legs = Vec::new();
+    let mut round_times = Vec::new();
+    let mut names = Vec::new();
+    for r in 0..ctx.runs {
+        let mut legs = Vec::new();
+        for i in 0..ctx.barrier_rounds {
+            let name = format!("{vol}-{r}-{i}");
+            let s: MiroirSnapshot = serde_json::from_value(json!({
+                "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirSnapshot",
+                "metadata": {"name": name}, "spec": {"volumeName": vol}
+            }))
+            .unwrap();
+            let t0 = Instant::now();
+            snaps.create(&PostParams::default(), &s).await.unwrap();
+            until(
+                "the round to publish",
+                Duration::from_secs(120),
+                async || {
+                    snaps
+                        .get_opt(&name)
+                        .await
+                        .ok()
+                        .flatten()
+                        .and_then(|s| s.status?.ready_to_use)
+                        == Some(true)
+                },
+            )
+            .await;
+            round_times.push(t0.elapsed().as_secs_f64());
+            names.push(name.clone());
+            // Agents lift concurrently with the publish: wait until every node's kernel is clear.
+            for n in &nodes {
+                until("the lifts", Duration::from_secs(60), async || {
+                    let k = fake::read_kernel(&fake_dir, n);
+                    k.suspended.is_empty() && k.frozen.is_empty()
+                })
+                .await;
+            }
+            for n in &nodes {
+                let evs = fake::read_events(&fake_dir, n);
+                let cut_idx = evs
+                    .iter()
+                    .position(|e| e.event == "cut" && e.snapshot.as_deref() == Some(name.as_str()))
+                    .unwrap_or_else(|| panic!("no cut of {name} on {n}"));
+                let start = evs[..cut_idx]
+                    .iter()
+                    .rev()
+                    .take_while(|e| e.event == "freeze" || e.event == "suspend")
+                    .last()
+                    .map(|e| e.at_ns)
+                    .expect("raise before the cut");
+                let end = evs[cut_idx + 1..]
+                    .iter()
+                    .take_while(|e| e.event == "resume" || e.event == "thaw")
+                    .last()
+                    .map(|e| e.at_ns)
+                    .expect("lift after the cut");
+                let cut = evs[cut_idx].duration_ns.unwrap_or(0);
+                legs.push((end - start).saturating_sub(cut) as f64 / 1e6);
+            }
+        }
+        eprintln!(
+            "  run {r}: {} legs, median {:.1} ms, p99 {:.1} ms",
+            legs.len(),
+            crate::report::median(&legs),
+            percentile(&legs, 0.99)
+        );
+        run_medians.push(crate::report::median(&legs));
+        run_p99.push(percentile(&legs, 0.99));
+        all_legs.extend(legs);
+    }
+    for name in &names {
+        let _ = snaps.delete(name, &DeleteParams::default()).await;
+    }
+    until(
+        "the bench snapshots to go",
+        Duration::from_secs(120),
+        async || {
+            for name in &names {
+                if snaps.get_opt(name).await.ok().flatten().is_some() {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    let _ = volumes.delete(&vol, &DeleteParams::default()).await;
+    m.stop("TERM");
+    drop(agents);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let rounds = ctx.barrier_rounds;
+    vec![
+        Figure::new(PHASE, "barrier.held_median", &format!("barrier held minus cut, 3-replica rounds: per-run median ({rounds} rounds × 3 legs per run)"), "ms", run_medians)
+            .reference(200.0, "ucm goal: p95 under 200 ms (snapshot.md §14); upstream agents poll every 1–2 s", false),
+        Figure::new(PHASE, "barrier.held_p99", &format!("barrier held minus cut, 3-replica rounds: per-run p99 ({rounds} rounds × 3 legs per run)"), "ms", run_p99)
+            .reference(200.0, "ucm goal: p95 under 200 ms (snapshot.md §14)", false)
+            .note(format!(
+                "over all {} legs: median {:.1} ms, p99 {:.1} ms, max {:.1} ms; create to readyToUse: median {:.0} ms",
+                all_legs.len(),
+                crate::report::median(&all_legs),
+                percentile(&all_legs, 0.99),
+                all_legs.iter().copied().fold(0.0, f64::max),
+                crate::report::median(&round_times) * 1000.0
+            )),
+    ]
+}

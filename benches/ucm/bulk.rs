@@ -1,0 +1,781 @@
+//! Phase `bulk` (issue 9, items 1, 2, 3 first half, 7). Per run:
+//! 1. References with a bare client (the bench's admin client): create and status-patch the same
+//!    number of Exporters, VirtualMachineExports and MiroirSnapshots, timed until a watch has
+//!    seen every patched status; then delete them.
+//! 2. A fresh manager (all features, all namespaces, shipped defaults but 8 concurrent reconciles
+//!    per controller, the bare client's concurrency) on an empty cluster:
+//!    time to /readyz and RSS at zero objects.
+//! 3. 5,000 Exporters, then 1,000 VirtualMachineExports of 1,000 PVCs (the bench acts as the
+//!    kubelet and marks each export pod Running and Ready), then 1,000 MiroirSnapshots on 100
+//!    three-replica volumes with three `ucm snapshot-agent` processes (fake barrier, loopfile
+//!    backend), each timed from the first create until a watch has seen every object's final
+//!    status. The manager's API requests come from the API server's audit log.
+//! 4. RSS with everything cached; manager writes during an idle window.
+//! 5. Restart: a new manager's time to /readyz with every object present (reference: a bare
+//!    client listing the same objects), its writes during start-up, and its RSS.
+//!
+//! Each run has two fresh control planes (one for the references, one for ucm), so every run
+//! starts from an empty etcd and no run waits for deletions.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease as KubeLease;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use ucm::exporter::types::Exporter;
+use ucm::snapshot::agent::barrier::fake::{self, FakeCluster, FakeVolume};
+use ucm::snapshot::types::{MiroirSnapshot, MiroirVolume};
+use ucm::vmexport::VirtualMachineExport;
+
+use crate::Ctx;
+use crate::cluster::{Counts, Plane, SYSTEM_NS};
+use crate::kube_util::{CONCURRENCY, create_all, create_namespace, list_all, track};
+use crate::procs::{Proc, cpu_secs, ucm_bin};
+use crate::report::{Figure, median};
+
+const PHASE: &str = "bulk";
+const LABEL: &str = "ucm-bench";
+const NODES: [&str; 3] = ["bench-a", "bench-b", "bench-c"];
+const WAIT: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone, Copy)]
+pub struct Scale {
+    pub exporters: usize,
+    pub vmexports: usize,
+    pub snapshots: usize,
+    pub volumes: usize,
+    /// Simulated exporters of the `grpc` phase, and how many of them are killed.
+    pub grpc_exporters: usize,
+    pub kills: usize,
+}
+
+impl Scale {
+    pub fn cached(&self) -> usize {
+        self.exporters + self.vmexports + self.snapshots
+    }
+}
+
+/// The shipped defaults except the reconcile concurrency, which matches the bare client's
+/// (`--max-concurrent-reconciles` defaults to 1, as in controller-runtime).
+fn manager_args() -> Vec<String> {
+    vec![format!("--max-concurrent-reconciles={CONCURRENCY}")]
+}
+
+fn exporter_done(e: &Exporter) -> bool {
+    e.status.as_ref().is_some_and(|s| {
+        s.credential.is_some() && s.conditions.iter().flatten().any(|c| c.type_ == "Online")
+    })
+}
+
+fn vmx_done(e: &VirtualMachineExport) -> bool {
+    e.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Ready")
+}
+
+fn snap_done(s: &MiroirSnapshot) -> bool {
+    s.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
+}
+
+fn obj<K: serde::de::DeserializeOwned>(v: Value) -> K {
+    serde_json::from_value(v).expect("bench object")
+}
+
+fn exporter(name: &str, run: &str) -> Exporter {
+    obj(json!({
+        "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
+        "metadata": {"name": name, "labels": {LABEL: run}}, "spec": {}
+    }))
+}
+
+fn vmexport(name: &str, pvc: &str, run: &str) -> VirtualMachineExport {
+    obj(json!({
+        "apiVersion": "export.kubevirt.io/v1beta1", "kind": "VirtualMachineExport",
+        "metadata": {"name": name, "labels": {LABEL: run}},
+        "spec": {"source": {"kind": "PersistentVolumeClaim", "name": pvc}}
+    }))
+}
+
+fn pvc(name: &str) -> PersistentVolumeClaim {
+    obj(json!({
+        "metadata": {"name": name, "annotations": {"cdi.kubevirt.io/storage.contentType": "kubevirt"}},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+            "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "none",
+        }
+    }))
+}
+
+fn snapshot(name: &str, volume: &str, run: &str) -> MiroirSnapshot {
+    obj(json!({
+        "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirSnapshot",
+        "metadata": {"name": name, "labels": {LABEL: run}}, "spec": {"volumeName": volume}
+    }))
+}
+
+fn now_str() -> String {
+    jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .unwrap()
+        .to_string()
+}
+
+/// A final status of each kind, as the bare client writes it in the reference.
+fn reference_status(kind: &str, name: &str) -> Value {
+    let t = now_str();
+    let cond = |ty: &str, st: &str, reason: &str| {
+        json!({"type": ty, "status": st, "reason": reason, "message": "bench reference",
+               "lastTransitionTime": t, "observedGeneration": 1})
+    };
+    match kind {
+        "exporter" => json!({"status": {
+            "credential": {"name": format!("{name}-exporter")},
+            "endpoint": "localhost:8082",
+            "tokenExpiresAt": t,
+            "statusMessage": "Never seen",
+            "conditions": [cond("Registered", "False", "Unregistered"), cond("Online", "False", "Seen")],
+        }}),
+        "vmexport" => json!({"status": {
+            "phase": "Ready",
+            "serviceName": format!("virt-export-{name}"),
+            "tokenSecretRef": format!("export-token-{name}"),
+            "conditions": [{"type": "Ready", "status": "True", "reason": "PodReady", "message": "",
+                            "lastTransitionTime": t}],
+        }}),
+        _ => json!({"status": {
+            "readyToUse": true, "ioSuspended": false, "sizeBytes": 65536, "sourceFormatted": false,
+            "conditions": [cond("Ready", "True", "SnapshotReady")],
+        }}),
+    }
+}
+
+/// The bare client: create, then patch the status, `CONCURRENCY` objects at a time; returns the
+/// seconds from the first create until a watch has seen every final status, and the API server's
+/// CPU seconds meanwhile.
+async fn reference<K>(
+    p: &Plane,
+    api: Api<K>,
+    kind: &str,
+    objs: Vec<K>,
+    done: fn(&K) -> bool,
+    run: &str,
+) -> (f64, f64)
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let n = objs.len();
+    let tracker = track(
+        api.clone(),
+        watcher::Config::default().labels(&format!("{LABEL}={run}")),
+        n,
+        done,
+    );
+    let t0 = Instant::now();
+    let cpu0 = cpu_secs(p.apiserver_pid);
+    futures::stream::iter(objs)
+        .for_each_concurrent(CONCURRENCY, |o| {
+            let api = api.clone();
+            async move {
+                let name = o.name_any();
+                api.create(&Default::default(), &o).await.unwrap();
+                api.patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(reference_status(kind, &name)),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("reference status patch of {kind} {name}: {e}"));
+            }
+        })
+        .await;
+    let t1 = tracker.wait(&format!("reference {kind}"), WAIT).await;
+    ((t1 - t0).as_secs_f64(), cpu_secs(p.apiserver_pid) - cpu0)
+}
+
+/// The kubelet the local control plane lacks: marks each export pod Running and Ready once.
+fn kubelet(client: Client, ns: String) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let pods: Api<Pod> = Api::namespaced(client, &ns);
+        let mut marked = std::collections::HashSet::new();
+        let stream = watcher(
+            pods.clone(),
+            watcher::Config::default().labels("kubevirt.io.virt-export-service"),
+        );
+        let mut stream = std::pin::pin!(stream);
+        let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+        while let Some(ev) = stream.next().await {
+            let p = match ev {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
+                _ => continue,
+            };
+            if !marked.insert(p.name_any()) {
+                continue;
+            }
+            let (pods, permit) = (pods.clone(), sem.clone().acquire_owned().await.unwrap());
+            tokio::spawn(async move {
+                let body = json!({"status": {
+                    "phase": "Running",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "containerStatuses": [{"name": "exporter", "ready": true, "restartCount": 0, "image": "ucm", "imageID": "",
+                        "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}],
+                }});
+                let _ = pods
+                    .patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(body))
+                    .await;
+                drop(permit);
+            });
+        }
+    })
+}
+
+struct Agents {
+    _procs: Vec<Proc>,
+    volumes: Vec<String>,
+}
+
+/// Three `ucm snapshot-agent` processes (fake barrier, loopfile pools) and the fake DRBD view of
+/// `n` three-replica volumes, each 64 KiB.
+fn start_agents(p: &Plane, dir: &Path, prefix: &str, n: usize) -> Agents {
+    let fake_dir = dir.join("fake");
+    std::fs::create_dir_all(&fake_dir).unwrap();
+    let volumes: Vec<String> = (0..n).map(|i| format!("{prefix}-v{i:03}")).collect();
+    let cluster = FakeCluster {
+        volumes: volumes
+            .iter()
+            .map(|v| {
+                (
+                    v.clone(),
+                    FakeVolume {
+                        primary: Some(NODES[0].into()),
+                        legs: NODES
+                            .iter()
+                            .map(|n| (n.to_string(), "UpToDate".to_string()))
+                            .collect(),
+                    },
+                )
+            })
+            .collect(),
+        faults: Default::default(),
+    };
+    fake::write_cluster(&fake_dir, &cluster).unwrap();
+    let mut procs = Vec::new();
+    for node in NODES {
+        let ndir = dir.join(node);
+        let vdir = ndir.join("pool/volumes");
+        std::fs::create_dir_all(&vdir).unwrap();
+        for v in &volumes {
+            std::fs::write(vdir.join(format!("{v}.img")), vec![7u8; 64 * 1024]).unwrap();
+        }
+        let pools = ndir.join("pools.yaml");
+        std::fs::write(
+            &pools,
+            format!(
+                "pools:\n  default: {{backend: loopfile, base: {}}}\n",
+                ndir.join("pool").display()
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(ucm_bin());
+        cmd.arg("snapshot-agent")
+            .arg(format!("--node-name={node}"))
+            .arg(format!("--kubeconfig={}", p.agent_kubeconfig.display()))
+            .arg(format!("--namespace={SYSTEM_NS}"))
+            .arg("--barrier=fake")
+            .arg(format!("--fake-barrier-dir={}", fake_dir.display()))
+            .arg(format!("--pools={}", pools.display()))
+            .arg("--loopfile-full-copy")
+            .arg(format!("--journal={}", ndir.join("journal.json").display()))
+            .arg("--metrics-bind-address=0")
+            .arg("--health-probe-bind-address=0")
+            .arg("--log-level=warn")
+            .env_remove("RUST_LOG");
+        procs.push(Proc::spawn(cmd, ndir.join("agent.log")));
+    }
+    Agents {
+        _procs: procs,
+        volumes,
+    }
+}
+
+async fn wait_agent_leases(client: &Client) {
+    let leases: Api<KubeLease> = Api::namespaced(client.clone(), SYSTEM_NS);
+    for n in NODES {
+        let name = format!("ucm-snapshot-agent-{n}");
+        let start = Instant::now();
+        while leases.get_opt(&name).await.ok().flatten().is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no heartbeat Lease {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+struct Step {
+    secs: f64,
+    manager: Counts,
+    agents: Counts,
+    manager_cpu: f64,
+    apiserver_cpu: f64,
+}
+
+/// One timed bulk step.
+async fn timed<K>(
+    p: &Plane,
+    m: &Proc,
+    api: Api<K>,
+    objs: Vec<K>,
+    done: fn(&K) -> bool,
+    run: &str,
+    what: &str,
+) -> Step
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let n = objs.len();
+    let off0 = p.audit.offset();
+    let tracker = track(
+        api.clone(),
+        watcher::Config::default().labels(&format!("{LABEL}={run}")),
+        n,
+        done,
+    );
+    let (mcpu0, acpu0) = (m.cpu(), cpu_secs(p.apiserver_pid));
+    let t0 = Instant::now();
+    create_all(&api, objs).await;
+    let t1 = tracker.wait(what, WAIT).await;
+    p.audit
+        .settle(
+            "ucm-manager",
+            Duration::from_secs(2),
+            Duration::from_secs(30),
+        )
+        .await;
+    let counts = p.audit.count(off0, p.audit.offset());
+    let secs = (t1 - t0).as_secs_f64();
+    eprintln!("  {what}: {n} in {secs:.1}s ({:.0}/s)", n as f64 / secs);
+    Step {
+        secs,
+        manager: counts.get("ucm-manager").cloned().unwrap_or_default(),
+        agents: counts.get("ucm-agent").cloned().unwrap_or_default(),
+        manager_cpu: m.cpu() - mcpu0,
+        apiserver_cpu: cpu_secs(p.apiserver_pid) - acpu0,
+    }
+}
+
+fn bd_insert(b: &mut BTreeMap<&'static str, String>, k: &'static str, v: String) {
+    eprintln!("  {k}: {v}");
+    b.insert(k, v);
+}
+
+#[derive(Default)]
+struct Samples(BTreeMap<&'static str, Vec<f64>>);
+
+impl Samples {
+    fn push(&mut self, k: &'static str, v: f64) {
+        eprintln!("  {k} = {v:.3}");
+        self.0.entry(k).or_default().push(v);
+    }
+    fn step(&mut self, key: &'static str, st: &Step, n: usize) {
+        let k = |x: &str| -> &'static str { Box::leak(format!("{key}.{x}").into_boxed_str()) };
+        let n = n as f64;
+        self.push(k("rate"), n / st.secs);
+        self.push(k("requests"), st.manager.requests() as f64 / n);
+        self.push(k("writes"), st.manager.writes as f64 / n);
+        self.push(k("manager_cpu"), st.manager_cpu * 1000.0 / n);
+        self.push(k("api_cpu"), st.apiserver_cpu * 1000.0 / n);
+    }
+    fn get(&self, k: &str) -> Vec<f64> {
+        self.0.get(k).cloned().unwrap_or_default()
+    }
+}
+
+pub async fn run(ctx: &Ctx) -> Vec<Figure> {
+    let sc = ctx.scale;
+    let mut s = Samples::default();
+    let mut breakdown: BTreeMap<&'static str, String> = BTreeMap::new();
+    for r in 0..ctx.runs {
+        eprintln!("bulk run {}/{}", r + 1, ctx.runs);
+        let dir = ctx.work.join(format!("bulk-{r}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = format!("r{r}");
+        let ns = "bench";
+
+        // 1. References, on an empty control plane of their own.
+        {
+            let p = Plane::start(&dir.join("cp-ref")).await;
+            let c = p.admin.clone();
+            create_namespace(&c, ns).await;
+            let (t, cpu) = reference(
+                &p,
+                Api::<Exporter>::namespaced(c.clone(), ns),
+                "exporter",
+                (0..sc.exporters)
+                    .map(|i| exporter(&format!("exp-{i:05}"), &run))
+                    .collect(),
+                exporter_done,
+                &run,
+            )
+            .await;
+            s.push("ref.exporters", sc.exporters as f64 / t);
+            s.push("ref.exporters.api_cpu", cpu * 1000.0 / sc.exporters as f64);
+            let (t, cpu) = reference(
+                &p,
+                Api::<VirtualMachineExport>::namespaced(c.clone(), ns),
+                "vmexport",
+                (0..sc.vmexports)
+                    .map(|i| vmexport(&format!("vmx-{i:04}"), &format!("pvc-{i:04}"), &run))
+                    .collect(),
+                vmx_done,
+                &run,
+            )
+            .await;
+            s.push("ref.vmexports", sc.vmexports as f64 / t);
+            s.push("ref.vmexports.api_cpu", cpu * 1000.0 / sc.vmexports as f64);
+            let (t, cpu) = reference(
+                &p,
+                Api::<MiroirSnapshot>::all(c.clone()),
+                "snapshot",
+                (0..sc.snapshots)
+                    .map(|i| snapshot(&format!("s{i:04}"), "none", &run))
+                    .collect(),
+                snap_done,
+                &run,
+            )
+            .await;
+            s.push("ref.snapshots", sc.snapshots as f64 / t);
+            s.push("ref.snapshots.api_cpu", cpu * 1000.0 / sc.snapshots as f64);
+        }
+
+        // 2. A fresh manager on another empty control plane.
+        let p = Plane::start(&dir.join("cp")).await;
+        let c = p.admin.clone();
+        create_namespace(&c, ns).await;
+        let mut m = Proc::manager(
+            &p.manager_kubeconfig,
+            dir.join("manager.log"),
+            &manager_args(),
+        );
+        let ready = m.wait_ready(Duration::from_secs(120)).await;
+        s.push("startup.empty", ready.as_secs_f64());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let rss0 = m.rss() as f64;
+        s.push("rss.zero", rss0 / (1 << 20) as f64);
+        let agents = start_agents(&p, &dir, &run, sc.volumes);
+        wait_agent_leases(&c).await;
+
+        // 3. Bulk: Exporters, VirtualMachineExports, MiroirSnapshots.
+        let st = timed(
+            &p,
+            &m,
+            Api::<Exporter>::namespaced(c.clone(), ns),
+            (0..sc.exporters)
+                .map(|i| exporter(&format!("exp-{i:05}"), &run))
+                .collect(),
+            exporter_done,
+            &run,
+            "Exporters",
+        )
+        .await;
+        s.step("exporters", &st, sc.exporters);
+        bd_insert(&mut breakdown, "exporters", st.manager.top(8));
+
+        create_all(
+            &Api::<PersistentVolumeClaim>::namespaced(c.clone(), ns),
+            (0..sc.vmexports)
+                .map(|i| pvc(&format!("pvc-{i:04}")))
+                .collect(),
+        )
+        .await;
+        let kubelet = kubelet(c.clone(), ns.to_string());
+        let st = timed(
+            &p,
+            &m,
+            Api::<VirtualMachineExport>::namespaced(c.clone(), ns),
+            (0..sc.vmexports)
+                .map(|i| vmexport(&format!("vmx-{i:04}"), &format!("pvc-{i:04}"), &run))
+                .collect(),
+            vmx_done,
+            &run,
+            "VirtualMachineExports",
+        )
+        .await;
+        kubelet.abort();
+        s.step("vmexports", &st, sc.vmexports);
+        bd_insert(&mut breakdown, "vmexports", st.manager.top(8));
+
+        let volumes: Api<MiroirVolume> = Api::all(c.clone());
+        let vols: Vec<MiroirVolume> = agents
+            .volumes
+            .iter()
+            .map(|v| obj(json!({
+                "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirVolume",
+                "metadata": {"name": v, "labels": {LABEL: run}},
+                "spec": {"sizeBytes": 65536, "replicas": NODES.iter().map(|n| json!({"node": n, "backend": "loopfile"})).collect::<Vec<_>>()},
+            })))
+            .collect();
+        create_all(&volumes, vols).await;
+        let per_volume = sc.snapshots.div_ceil(sc.volumes);
+        let snap_objs: Vec<MiroirSnapshot> = (0..sc.snapshots)
+            .map(|i| {
+                let v = &agents.volumes[i / per_volume];
+                snapshot(&format!("{v}-s{:02}", i % per_volume), v, &run)
+            })
+            .collect();
+        let st = timed(
+            &p,
+            &m,
+            Api::all(c.clone()),
+            snap_objs,
+            snap_done,
+            &run,
+            "MiroirSnapshots",
+        )
+        .await;
+        s.step("snapshots", &st, sc.snapshots);
+        s.push(
+            "snapshots.agent_requests",
+            st.agents.requests() as f64 / sc.snapshots as f64,
+        );
+        bd_insert(&mut breakdown, "snapshots", st.manager.top(8));
+        bd_insert(&mut breakdown, "snapshot agents", st.agents.top(6));
+
+        // 4. Memory with everything cached, and the idle write rate.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let rss1 = m.rss() as f64;
+        s.push("rss.cached", rss1 / (1 << 20) as f64);
+        s.push(
+            "rss.per_object",
+            (rss1 - rss0) / sc.cached() as f64 / 1024.0,
+        );
+        let off0 = p.audit.offset();
+        let w0 = Instant::now();
+        tokio::time::sleep(ctx.idle_window).await;
+        let counts = p.audit.count(off0, p.audit.offset());
+        let idle = counts.get("ucm-manager").cloned().unwrap_or_default();
+        let minutes = w0.elapsed().as_secs_f64() / 60.0;
+        s.push("idle.writes_per_min", idle.writes as f64 / minutes);
+        s.push("idle.requests_per_min", idle.requests() as f64 / minutes);
+        if idle.requests() > 0 {
+            bd_insert(&mut breakdown, "idle", idle.top(6));
+        }
+
+        // 5. Restart with every object present.
+        m.stop("TERM");
+        let t0 = Instant::now();
+        let mut listed = 0;
+        listed += list_all(&Api::<Exporter>::all(c.clone())).await;
+        listed += list_all(&Api::<VirtualMachineExport>::all(c.clone())).await;
+        listed += list_all(&Api::<MiroirSnapshot>::all(c.clone())).await;
+        listed += list_all(&Api::<MiroirVolume>::all(c.clone())).await;
+        listed += list_all(&Api::<Secret>::all(c.clone())).await;
+        listed += list_all(&Api::<Pod>::all(c.clone())).await;
+        listed += list_all(&Api::<Service>::all(c.clone())).await;
+        listed += list_all(&Api::<PersistentVolumeClaim>::all(c.clone())).await;
+        listed += list_all(&Api::<ConfigMap>::all(c.clone())).await;
+        s.push("startup.list_ref", t0.elapsed().as_secs_f64());
+        eprintln!("  reference list: {listed} objects");
+        let off0 = p.audit.offset();
+        let mut m2 = Proc::manager(
+            &p.manager_kubeconfig,
+            dir.join("manager-restart.log"),
+            &manager_args(),
+        );
+        let ready = m2.wait_ready(Duration::from_secs(300)).await;
+        s.push("startup.full", ready.as_secs_f64());
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let counts = p.audit.count(off0, p.audit.offset());
+        let st = counts.get("ucm-manager").cloned().unwrap_or_default();
+        s.push("startup.writes", st.writes as f64);
+        if st.writes > 0 {
+            bd_insert(&mut breakdown, "start-up writes", st.top(6));
+        }
+        s.push("rss.restarted", m2.rss() as f64 / (1 << 20) as f64);
+
+        // 6. Stop everything; the control plane and its data go with it.
+        m2.stop("TERM");
+        drop(agents);
+        drop(p);
+        if std::env::var("UCM_BENCH_KEEP").as_deref() != Ok("1") {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    figures(ctx, &s, &breakdown)
+}
+
+fn figures(ctx: &Ctx, s: &Samples, breakdown: &BTreeMap<&str, String>) -> Vec<Figure> {
+    let sc = ctx.scale;
+    let bd = |k: &str| breakdown.get(k).cloned().unwrap_or_default();
+    let mut f = Vec::new();
+    for (key, kind, n, extra) in [
+        ("exporters", "Exporters", sc.exporters, ""),
+        (
+            "vmexports",
+            "VirtualMachineExports (with PVCs; the bench marks export pods Ready as a kubelet would)",
+            sc.vmexports,
+            "",
+        ),
+        (
+            "snapshots",
+            "MiroirSnapshots (100 three-replica volumes, 3 snapshot agents, fake barrier)",
+            sc.snapshots,
+            "",
+        ),
+    ] {
+        let rate = s.get(&format!("{key}.rate"));
+        let refr = median(&s.get(&format!("ref.{key}")));
+        f.push(
+            Figure::new(
+                PHASE,
+                &format!("bulk.{key}.objects_per_s"),
+                &format!("{n} {kind}: create to final status"),
+                "objects/s",
+                rate,
+            )
+            .reference(
+                refr,
+                "bare client: create + status patch of the same objects, same concurrency (8)",
+                true,
+            )
+            .higher_is_better()
+            .note(format!(
+                "final status: {}{extra}",
+                match key {
+                    "exporters" => "credential and the Online condition written",
+                    "vmexports" => "phase Ready",
+                    _ => "readyToUse true",
+                }
+            )),
+        );
+        let mut req = Figure::new(PHASE, &format!("bulk.{key}.requests_per_object"), &format!("{kind}: manager API requests per object"), "requests", s.get(&format!("{key}.requests")))
+            .reference(2.0, "bare client: one create and one status patch", false)
+            .note(format!(
+                "non-watch requests by the manager's ServiceAccount in the apiserver audit log; writes per object: median {:.2}; top: {}",
+                median(&s.get(&format!("{key}.writes"))),
+                bd(key)
+            ));
+        f.push(
+            Figure::new(PHASE, &format!("bulk.{key}.apiserver_cpu_per_object"), &format!("{kind}: etcd + kube-apiserver CPU per object"), "ms", s.get(&format!("{key}.api_cpu")))
+                .reference(median(&s.get(&format!("ref.{key}.api_cpu"))), "bare client: create + status patch", true)
+                .note(format!(
+                    "CPU of the kharness process (etcd and kube-apiserver) during the step, from /proc; it does not depend on how busy the machine is. The manager itself used a median {:.2} ms of CPU per object",
+                    median(&s.get(&format!("{key}.manager_cpu")))
+                )),
+        );
+        if key == "snapshots" {
+            req.note.push_str(&format!(
+                "; the three agents add {:.2} requests per snapshot ({})",
+                median(&s.get("snapshots.agent_requests")),
+                bd("snapshot agents")
+            ));
+        }
+        f.push(req);
+    }
+    f.push(
+        Figure::new(
+            PHASE,
+            "memory.rss_zero",
+            "manager RSS at start, no objects",
+            "MiB",
+            s.get("rss.zero"),
+        )
+        .reference(
+            40.0,
+            "typical controller-runtime manager at zero objects (issue 9)",
+            false,
+        ),
+    );
+    f.push(
+        Figure::new(PHASE, "memory.bytes_per_object", &format!("manager RSS per cached object ({} primary objects and their children)", sc.cached()), "KiB", s.get("rss.per_object"))
+            .reference(16.0, "typical controller-runtime cache (issue 9)", false)
+            .note("(RSS after the bulk steps − RSS at zero) / primary objects; the caches also hold each object's Secrets, Pods, Services, PVCs and MiroirVolumes"),
+    );
+    f.push(
+        Figure::new(
+            PHASE,
+            "memory.rss_cached",
+            "manager RSS with every object cached",
+            "MiB",
+            s.get("rss.cached"),
+        )
+        .reference(
+            40.0 + sc.cached() as f64 * 16.0 / 1024.0,
+            "controller-runtime estimate: 40 MiB + 16 KiB per object",
+            false,
+        ),
+    );
+    f.push(
+        Figure::new(
+            PHASE,
+            "memory.rss_restarted",
+            "RSS of a restarted manager with every object present",
+            "MiB",
+            s.get("rss.restarted"),
+        )
+        .reference(
+            40.0 + sc.cached() as f64 * 16.0 / 1024.0,
+            "controller-runtime estimate: 40 MiB + 16 KiB per object",
+            false,
+        ),
+    );
+    f.push(
+        Figure::new(PHASE, "idle.writes_per_min", "idle manager: API writes per minute, all objects settled", "writes/min", s.get("idle.writes_per_min"))
+            .reference(0.0, "target", false)
+            .note(format!(
+                "audit log over a {} s window after the bulk steps; all requests per minute: median {:.1}{}",
+                ctx.idle_window.as_secs(),
+                median(&s.get("idle.requests_per_min")),
+                if bd("idle").is_empty() { String::new() } else { format!(" ({})", bd("idle")) }
+            )),
+    );
+    f.push(
+        Figure::new(
+            PHASE,
+            "startup.ready_full",
+            &format!("start-up to /readyz with {} objects present", sc.cached()),
+            "s",
+            s.get("startup.full"),
+        )
+        .reference(
+            median(&s.get("startup.list_ref")),
+            "bare client listing the same kinds (pages of 500)",
+            true,
+        )
+        .note(format!(
+            "start-up with no objects: median {:.2} s",
+            median(&s.get("startup.empty"))
+        )),
+    );
+    f.push(
+        Figure::new(
+            PHASE,
+            "startup.writes",
+            "writes by a restarted manager (spawn to ready + 10 s)",
+            "writes",
+            s.get("startup.writes"),
+        )
+        .reference(0.0, "target: unchanged objects cost no write", false)
+        .note(bd("start-up writes")),
+    );
+    f
+}

@@ -1,0 +1,301 @@
+//! Phase `export` (issue 9 item 6, issue 7's benchmark): one 2 GiB file without holes, served
+//! by `ucm export-server` (HTTPS, raw and gzip) and by nginx from Debian (sendfile over plain
+//! HTTP, and HTTPS with the same certificate), compressed by pigz; the same file, in the same
+//! run, from the page cache. curl downloads to /dev/null (gzip streams are not decompressed).
+//! Throughput is file bytes per second (for gzip: uncompressed bytes per second).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ucm::vmexport::certs;
+
+use crate::Ctx;
+use crate::common::free_port;
+use crate::procs::{Proc, ucm_bin};
+use crate::report::Figure;
+
+const PHASE: &str = "export";
+const SVC: &str = "virt-export-bench";
+const NS: &str = "bench";
+const TOKEN: &str = "BenchT0kenBenchT0kenBenchT0ken12";
+
+/// Deterministic disk-like content with no holes: each 64 KiB block is either pseudo-random
+/// (incompressible) or text-like, and a quarter of the blocks are zero-filled ones, so gzip has
+/// real work and a real ratio (about 2:1).
+fn write_image(path: &Path, bytes: u64) {
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path).unwrap());
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut block = vec![0u8; 64 * 1024];
+    let text = b"ucm bench: the quick brown fox jumps over the lazy dog 0123456789\n";
+    let mut written = 0;
+    let mut i = 0u64;
+    while written < bytes {
+        match i % 4 {
+            0 | 1 => {
+                for chunk in block.chunks_mut(8) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+                }
+            }
+            2 => {
+                for (j, b) in block.iter_mut().enumerate() {
+                    *b = text[(j + i as usize) % text.len()];
+                }
+            }
+            _ => block.fill(0),
+        }
+        let n = (bytes - written).min(block.len() as u64) as usize;
+        f.write_all(&block[..n]).unwrap();
+        written += n as u64;
+        i += 1;
+    }
+    f.flush().unwrap();
+}
+
+struct Nginx {
+    child: std::process::Child,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        crate::common::signal(self.child.id(), "QUIT");
+        let _ = self.child.wait();
+    }
+}
+
+fn nginx(dir: &Path, root: &Path, http: u16, https: u16, cert: &Path, key: &Path) -> Nginx {
+    let conf = dir.join("nginx.conf");
+    let user = if unsafe { libc::geteuid() } == 0 {
+        "user root;"
+    } else {
+        ""
+    };
+    std::fs::write(
+        &conf,
+        format!(
+            r#"{user}
+worker_processes auto;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log warn;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    client_body_temp_path {dir}/tmp;
+    proxy_temp_path {dir}/tmp;
+    fastcgi_temp_path {dir}/tmp;
+    uwsgi_temp_path {dir}/tmp;
+    scgi_temp_path {dir}/tmp;
+    default_type application/octet-stream;
+    server {{ listen 127.0.0.1:{http}; root {root}; }}
+    server {{
+        listen 127.0.0.1:{https} ssl;
+        ssl_certificate {cert};
+        ssl_certificate_key {key};
+        root {root};
+    }}
+}}
+"#,
+            dir = dir.display(),
+            root = root.display(),
+            cert = cert.display(),
+            key = key.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    let mut cmd = Command::new("nginx");
+    crate::procs::die_with_parent(&mut cmd);
+    let child = cmd
+        .arg("-c")
+        .arg(&conf)
+        .arg("-p")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("nginx.out")).unwrap())
+        .spawn()
+        .expect("nginx (Debian package nginx; hack/bench.sh installs it)");
+    wait_port(http);
+    wait_port(https);
+    Nginx { child }
+}
+
+fn wait_port(port: u16) {
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "nothing listens on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// curl to /dev/null; returns seconds and checks the status code and byte count.
+fn curl(url: &str, ca: &Path, extra: &[&str], want_bytes: Option<u64>) -> f64 {
+    let resolve = |port: &str| format!("{SVC}.{NS}.svc:{port}:127.0.0.1");
+    let port = url.rsplit(':').next().unwrap().split('/').next().unwrap();
+    let t0 = Instant::now();
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{size_download}",
+            "--cacert",
+        ])
+        .arg(ca)
+        .args(["--resolve", &resolve(port)])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("curl");
+    let secs = t0.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut it = text.split_whitespace();
+    let (code, size) = (
+        it.next().unwrap_or(""),
+        it.next().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0),
+    );
+    assert_eq!(
+        code,
+        "200",
+        "curl {url}: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if let Some(b) = want_bytes {
+        assert_eq!(size, b, "curl {url}: short download");
+    } else {
+        assert!(size > 0, "curl {url}: empty");
+    }
+    secs
+}
+
+fn pigz(file: &Path) -> f64 {
+    let t0 = Instant::now();
+    let st = Command::new("pigz")
+        .args(["-6", "-c"])
+        .arg(file)
+        .stdout(Stdio::null())
+        .status()
+        .expect("pigz (Debian package pigz; hack/bench.sh installs it)");
+    assert!(st.success());
+    t0.elapsed().as_secs_f64()
+}
+
+pub async fn run(ctx: &Ctx) -> Vec<Figure> {
+    let bytes = ctx.export_bytes;
+    let dir: PathBuf = ctx.work.join("export");
+    let vol = dir.join("export-volumes/v0-disk");
+    std::fs::create_dir_all(&vol).unwrap();
+    let img = vol.join("disk.img");
+    let t0 = Instant::now();
+    write_image(&img, bytes);
+    eprintln!(
+        "  wrote {} MiB in {:.1}s",
+        bytes >> 20,
+        t0.elapsed().as_secs_f64()
+    );
+
+    let now = jiff::Timestamp::now();
+    let ca = certs::new_ca(now).unwrap();
+    let srv = certs::issue_serving(&ca, SVC, NS, now, Duration::from_secs(3600)).unwrap();
+    let (ca_path, crt, key, tok) = (
+        dir.join("ca.crt"),
+        dir.join("tls.crt"),
+        dir.join("tls.key"),
+        dir.join("token"),
+    );
+    std::fs::write(&ca_path, &ca.cert).unwrap();
+    std::fs::write(&crt, &srv.cert).unwrap();
+    std::fs::write(&key, &srv.key).unwrap();
+    std::fs::write(&tok, TOKEN).unwrap();
+
+    let port = free_port();
+    let mut cmd = Command::new(ucm_bin());
+    cmd.arg("export-server")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("LISTEN_ADDR", format!("127.0.0.1:{port}"))
+        .env("CERT_FILE", &crt)
+        .env("KEY_FILE", &key)
+        .env("TOKEN_FILE", &tok)
+        .env("EXPORT_NAME", "bench")
+        .env("MANIFEST_DATA_DIR", dir.join("manifest_data"))
+        .env("VOLUME0_EXPORT_PATH", &vol)
+        .env("VOLUME0_EXPORT_RAW_URI", "/volumes/disk/disk.img")
+        .env("VOLUME0_EXPORT_RAW_GZIP_URI", "/volumes/disk/disk.img.gz");
+    let server = Proc::spawn(cmd, dir.join("export-server.log"));
+    wait_port(port);
+    let (http, https) = (free_port(), free_port());
+    let web = nginx(&dir, &vol, http, https, &crt, &key);
+
+    let hdr = format!("x-kubevirt-export-token: {TOKEN}");
+    let ucm_url = |p: &str| format!("https://{SVC}.{NS}.svc:{port}{p}");
+    // Warm the page cache and every server once.
+    curl(
+        &ucm_url("/volumes/disk/disk.img"),
+        &ca_path,
+        &["-H", &hdr],
+        Some(bytes),
+    );
+    let mut s: [Vec<f64>; 5] = Default::default();
+    let mib = |secs: f64| bytes as f64 / (1 << 20) as f64 / secs;
+    for r in 0..ctx.runs {
+        s[0].push(mib(curl(
+            &ucm_url("/volumes/disk/disk.img"),
+            &ca_path,
+            &["-H", &hdr],
+            Some(bytes),
+        )));
+        s[1].push(mib(curl(
+            &format!("http://{SVC}.{NS}.svc:{http}/disk.img"),
+            &ca_path,
+            &[],
+            Some(bytes),
+        )));
+        s[2].push(mib(curl(
+            &format!("https://{SVC}.{NS}.svc:{https}/disk.img"),
+            &ca_path,
+            &[],
+            Some(bytes),
+        )));
+        s[3].push(mib(curl(
+            &ucm_url("/volumes/disk/disk.img.gz"),
+            &ca_path,
+            &["-H", &hdr],
+            None,
+        )));
+        s[4].push(mib(pigz(&img)));
+        eprintln!(
+            "  run {r}: ucm raw {:.0}, nginx http {:.0}, nginx https {:.0}, ucm gzip {:.0}, pigz {:.0} MiB/s",
+            s[0][r], s[1][r], s[2][r], s[3][r], s[4][r]
+        );
+    }
+    drop(web);
+    drop(server);
+    let _ = std::fs::remove_file(&img);
+    let med = |v: &Vec<f64>| crate::report::median(v);
+    let size = format!("{} GiB", bytes as f64 / (1u64 << 30) as f64);
+    vec![
+        Figure::new(PHASE, "export.raw_vs_sendfile", &format!("raw download of a {size} file: ucm export-server (HTTPS)"), "MiB/s", s[0].clone())
+            .reference(med(&s[1]), "nginx sendfile, plain HTTP, same file", true)
+            .higher_is_better()
+            .note("curl to /dev/null on the same 2 cores; TLS costs both the server and curl, sendfile over plain HTTP costs neither"),
+        Figure::new(PHASE, "export.raw_vs_nginx_tls", &format!("raw download of a {size} file: ucm export-server (HTTPS)"), "MiB/s", s[0].clone())
+            .reference(med(&s[2]), "nginx HTTPS (OpenSSL, no sendfile), same file and certificate", true)
+            .higher_is_better(),
+        Figure::new(PHASE, "export.gzip_vs_pigz", &format!("gzip download of a {size} file: ucm export-server (parallel gzip, HTTPS)"), "MiB/s", s[3].clone())
+            .reference(med(&s[4]), "pigz -6 to /dev/null, same file, 2 threads", true)
+            .higher_is_better()
+            .note("uncompressed bytes per second; both use level 6 on both cores, ucm also encrypts and curl decrypts"),
+    ]
+}

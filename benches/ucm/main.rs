@@ -1,0 +1,210 @@
+//! `make bench` (issue 9): the ucm benchmark driver. Cargo builds it with the `bench` profile
+//! (release settings), so `CARGO_BIN_EXE_ucm` is the optimised binary every phase runs.
+//!
+//! It starts its own control plane (with an API server audit log), runs the phases named by
+//! `UCM_BENCH_ONLY` (comma-separated; default: all), and merges the figures into
+//! `bench/results.json` and `bench/results.md`. It measures and asserts nothing about speed.
+//!
+//! Environment: `UCM_BENCH_RUNS` (runs per figure, default 3), `UCM_BENCH_SCALE` (object
+//! counts × this factor, default 1; anything else is marked in the results),
+//! `UCM_BENCH_OUT` (default `bench/`), `UCM_BENCH_EXPORT_MIB` (default 2048).
+
+#[path = "../../e2e/tests/common/mod.rs"]
+mod common;
+
+mod barrier;
+mod bulk;
+mod cluster;
+mod export;
+mod failover;
+mod grpc;
+mod kube_util;
+mod procs;
+mod report;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub struct Ctx {
+    /// The control plane of every phase but `bulk`, whose runs start their own.
+    pub plane: cluster::Plane,
+    pub work: PathBuf,
+    pub runs: usize,
+    pub scale: bulk::Scale,
+    pub idle_window: Duration,
+    pub grpc_window: Duration,
+    pub grpc_windows: usize,
+    pub barrier_rounds: usize,
+    pub failover_runs: usize,
+    pub export_bytes: u64,
+}
+
+const PHASES: &[&str] = &["export", "barrier", "bulk", "grpc", "failover"];
+
+fn env_num<T: std::str::FromStr>(k: &str, default: T) -> T {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+const METHODS: &str = "\
+- **Where**: one local control plane (etcd, kube-apiserver and kube-controller-manager v1.37.2 from `e2e/bin/kharness`, no kubelet) and every ucm process on the same machine as the bench driver; nothing is mocked on the API path.
+- **Binary**: `target/release/ucm` built by `cargo bench` with the `bench` profile (release settings).
+- **API requests** are counted by the kube-apiserver's own audit log (`--audit-policy-file`, level Metadata for the group `system:serviceaccounts:ucm-system`, one count per request: at ResponseComplete, or ResponseStarted for watches). The manager runs with the ServiceAccount token `ucm-system/ucm-manager`, the snapshot agents with `ucm-system/ucm-agent`, both bound to cluster-admin; the bench's own client (creates, the simulated kubelet, references) is the admin user and is not counted. kube-rs sends no User-Agent, and `apiserver_request_total` has no client label, so the identity is what separates ucm's requests from the bench's. \"Requests\" are gets, lists and writes; watches are not included.
+- **Bulk**: objects are created by the bench with 8 concurrent requests; the timer runs from the first create until a watch has seen every object's final status. The reference is the same bench client creating the same objects and then patching a final status onto each (8 at a time), timed the same way, in the same run, on the same control plane. The manager runs with the shipped defaults (every feature, all namespaces) except `--max-concurrent-reconciles=8` (default 1, as controller-runtime's), so both sides send up to 8 requests at a time: with one worker the manager is bound by request latency, not by what each object costs. The API server's CPU per object (from `/proc` of the etcd + kube-apiserver process) does not depend on concurrency or on how busy the machine is.
+- **RSS** is VmRSS from `/proc/<pid>/status`: at zero after /readyz plus 3 s on an empty cluster, and 5 s after the last bulk step. Bytes per object divides the growth by the number of primary objects (Exporters, VirtualMachineExports, MiroirSnapshots); their Secrets, Pods, Services, PVCs and volumes are cached too.
+- **Idle**: manager writes in the audit log over a window with everything settled; a restarted manager's writes from spawn to /readyz + 10 s.
+- **Start-up**: spawn to the first 200 from /readyz, polled every 10 ms; the reference is the bench listing the same kinds (pages of 500).
+- **Simulated exporters**: a Rust client over the jumpstarter.v1 stubs compiled from the jumpstarter-protocol 0.9.0 descriptors, one TLS connection per exporter trusting the certificate the leader stored, the token from the exporter's credential Secret. Each Registers, holds a Status stream and reports Available; a kill drops the connection without Unregister.
+- **Failover**: two managers with `--leader-elect` and default durations; the takeover time is the new holder's `acquireTime` (same host clock) minus the signal time; the first reconcile write is observed by the bench polling every 20 ms.
+- **Export**: `ucm export-server` with a serving certificate from the manager's own CA code; nginx 1.22 from Debian (`sendfile on`) and pigz from Debian; curl writes to /dev/null and does not decompress; the file is read from the page cache (warmed once).
+- **Snapshot barrier**: the fake barrier's per-node event log (freeze/suspend, cut with its duration, resume/thaw), one round at a time.
+";
+
+fn meta(runs: usize, scale: f64) -> serde_json::Map<String, serde_json::Value> {
+    let sh = |c: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", c])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut m = serde_json::Map::new();
+    let date = jiff::Timestamp::now().round(jiff::Unit::Second).unwrap();
+    m.insert("date".into(), date.to_string().into());
+    m.insert(
+        "machine".into(),
+        format!(
+            "{} CPUs ({}), {} memory, {}",
+            sh("nproc"),
+            sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs"),
+            sh("free -h | awk '/Mem:/{print $2}'"),
+            sh("uname -sr")
+        )
+        .into(),
+    );
+    m.insert(
+        "load average at the end".into(),
+        sh("cut -d' ' -f1-3 /proc/loadavg").into(),
+    );
+    m.insert(
+        "commit".into(),
+        sh("git rev-parse --short HEAD 2>/dev/null").into(),
+    );
+    m.insert("runs per figure".into(), runs.into());
+    if scale != 1.0 {
+        m.insert(
+            "SCALE".into(),
+            format!("object counts × {scale}: not the issue's figures").into(),
+        );
+    }
+    m
+}
+
+#[tokio::main]
+async fn main() {
+    // `cargo bench` passes `--bench`; nothing else is accepted.
+    let started = Instant::now();
+    let only: Vec<String> = std::env::var("UCM_BENCH_ONLY")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.split(',').map(|p| p.trim().to_string()).collect())
+        .unwrap_or_else(|| PHASES.iter().map(|p| p.to_string()).collect());
+    for p in &only {
+        assert!(
+            PHASES.contains(&p.as_str()),
+            "unknown phase {p}; phases: {PHASES:?}"
+        );
+    }
+    let runs: usize = env_num("UCM_BENCH_RUNS", 3);
+    let f: f64 = env_num("UCM_BENCH_SCALE", 1.0);
+    let n = |x: f64| ((x * f).round() as usize).max(1);
+    let scale = bulk::Scale {
+        exporters: n(5000.0),
+        vmexports: n(1000.0),
+        snapshots: n(1000.0),
+        volumes: n(100.0),
+        grpc_exporters: n(1000.0),
+        kills: 10usize.min(n(1000.0)),
+    };
+    let out = PathBuf::from(
+        std::env::var("UCM_BENCH_OUT")
+            .unwrap_or_else(|_| format!("{}/bench", env!("CARGO_MANIFEST_DIR"))),
+    );
+    let tmp = tempfile::Builder::new()
+        .prefix("ucm-bench-")
+        .tempdir()
+        .unwrap();
+    let work = tmp.path().to_path_buf();
+    // UCM_BENCH_KEEP=1 keeps the work directory (logs of every process) for a look afterwards.
+    let _tmp = if std::env::var("UCM_BENCH_KEEP").as_deref() == Ok("1") {
+        let _ = tmp.keep();
+        None
+    } else {
+        Some(tmp)
+    };
+    eprintln!(
+        "ucm bench: phases {only:?}, {runs} runs, scale {f}, work dir {}",
+        work.display()
+    );
+
+    let ctx = Ctx {
+        plane: cluster::Plane::start(&work.join("cp")).await,
+        work: work.clone(),
+        runs,
+        scale,
+        idle_window: Duration::from_secs(env_num("UCM_BENCH_IDLE_S", 30)),
+        grpc_window: Duration::from_secs(env_num("UCM_BENCH_GRPC_WINDOW_S", 40)),
+        grpc_windows: runs,
+        barrier_rounds: env_num("UCM_BENCH_BARRIER_ROUNDS", 20),
+        failover_runs: runs,
+        export_bytes: env_num::<u64>("UCM_BENCH_EXPORT_MIB", 2048) << 20,
+    };
+
+    let mut figures = Vec::new();
+    let mut timings = serde_json::Map::new();
+    for phase in PHASES.iter().filter(|p| only.iter().any(|o| o == *p)) {
+        eprintln!("== phase {phase}");
+        let t0 = Instant::now();
+        let fig = match *phase {
+            "export" => export::run(&ctx).await,
+            "barrier" => barrier::run(&ctx).await,
+            "bulk" => bulk::run(&ctx).await,
+            "grpc" => grpc::run(&ctx).await,
+            "failover" => failover::run(&ctx).await,
+            _ => unreachable!(),
+        };
+        let secs = t0.elapsed().as_secs();
+        eprintln!("== phase {phase} done in {}m{:02}s", secs / 60, secs % 60);
+        timings.insert(
+            format!("phase {phase} wall time"),
+            format!("{}m{:02}s", secs / 60, secs % 60).into(),
+        );
+        for f in &fig {
+            eprintln!(
+                "  {}: {} {} (min {}, max {})",
+                f.title,
+                report::fmt(f.median),
+                f.unit,
+                report::fmt(f.min),
+                report::fmt(f.max)
+            );
+        }
+        figures.extend(fig);
+    }
+    let mut m = meta(runs, f);
+    m.extend(timings);
+    let secs = started.elapsed().as_secs();
+    m.insert(
+        "driver wall time (without the build)".into(),
+        format!("{}m{:02}s", secs / 60, secs % 60).into(),
+    );
+    if let Ok(b) = std::env::var("UCM_BENCH_BUILD_TIME") {
+        m.insert("build time (cargo bench --no-run)".into(), b.into());
+    }
+    let fresh = report::Results { meta: m, figures };
+    report::write(&out, fresh, METHODS).unwrap();
+    eprintln!("wrote {}/results.md and results.json", out.display());
+    drop(ctx);
+}

@@ -1,0 +1,180 @@
+//! ucm processes as the bench runs them: the release-profile binary cargo built for this bench
+//! target, info-level logs to a file, RSS read from /proc, readiness timed from spawn.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{free_port, http_get, signal};
+
+/// The child gets SIGTERM when the bench driver dies, even without running its destructors
+/// (Ctrl-C, a kill): no manager, agent or server outlives a bench run.
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches only the calling (child) process.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+}
+
+pub fn ucm_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ucm")
+}
+
+/// User + system CPU seconds of a process, from /proc/<pid>/stat (fields 14 and 15).
+pub fn cpu_secs(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (field 2) may hold spaces; the fields after it are plain numbers.
+    let rest = s.rsplit_once(')').map(|x| x.1).unwrap_or_default();
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // rest starts at field 3 (state, not a number, skipped by the filter): utime is field 14.
+    f.get(10)
+        .zip(f.get(11))
+        .map(|(u, s)| (u + s) / tck)
+        .unwrap_or(0.0)
+}
+
+pub struct Proc {
+    child: Option<Child>,
+    pub spawned: Instant,
+    pub log: PathBuf,
+    pub metrics_port: u16,
+    pub health_port: u16,
+    pub grpc_port: u16,
+}
+
+impl Proc {
+    /// `ucm manager` with the default settings of the shipped Deployment (leader election only
+    /// when asked), its own ports, and `--namespace=ucm-system`.
+    pub fn manager(kubeconfig: &Path, log: PathBuf, extra: &[String]) -> Proc {
+        let (metrics_port, health_port, grpc_port) = (free_port(), free_port(), free_port());
+        let mut cmd = Command::new(ucm_bin());
+        cmd.arg("manager")
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--namespace={}", crate::cluster::SYSTEM_NS))
+            .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
+            .arg(format!(
+                "--health-probe-bind-address=127.0.0.1:{health_port}"
+            ))
+            .arg(format!(
+                "--exporter-grpc-bind-address=127.0.0.1:{grpc_port}"
+            ))
+            .arg(format!("--exporter-grpc-endpoint=localhost:{grpc_port}"))
+            .arg("--log-level=info")
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("POD_NAME")
+            .env_remove("WATCH_NAMESPACE");
+        let mut p = Proc::spawn(cmd, log);
+        p.metrics_port = metrics_port;
+        p.health_port = health_port;
+        p.grpc_port = grpc_port;
+        p
+    }
+
+    pub fn spawn(mut cmd: Command, log: PathBuf) -> Proc {
+        die_with_parent(&mut cmd);
+        let f = std::fs::File::create(&log).unwrap();
+        let spawned = Instant::now();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", cmd.get_program()));
+        Proc {
+            child: Some(child),
+            spawned,
+            log,
+            metrics_port: 0,
+            health_port: 0,
+            grpc_port: 0,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Resident set size (VmRSS) in bytes.
+    pub fn rss(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or_else(|| panic!("no VmRSS for pid {}", self.pid()))
+    }
+
+    /// User + system CPU seconds used so far.
+    pub fn cpu(&self) -> f64 {
+        cpu_secs(self.pid())
+    }
+
+    /// Polls /readyz every 10 ms; returns the time since spawn at the first 200.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Duration {
+        loop {
+            if let Some((200, _)) = http_get(self.health_port, "/readyz").await {
+                return self.spawned.elapsed();
+            }
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("{} exited ({st}) before ready:\n{}", ucm_bin(), self.tail());
+            }
+            if self.spawned.elapsed() > timeout {
+                panic!("not ready within {timeout:?}:\n{}", self.tail());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub async fn metric(&self, name_and_labels: &str) -> f64 {
+        let text = http_get(self.metrics_port, "/metrics")
+            .await
+            .map(|r| r.1)
+            .unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with(name_and_labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    pub fn tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    pub fn signal(&self, sig: &str) {
+        signal(self.pid(), sig);
+    }
+
+    /// SIGTERM (or SIGKILL) and wait for the exit.
+    pub fn stop(&mut self, sig: &str) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id(), sig);
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(60) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop("TERM");
+    }
+}

@@ -1,0 +1,244 @@
+//! Figures and the two result files. A figure is a list of samples (one per run) summarised as
+//! median, min and max, next to a reference value and the ratio median/reference. Rendering is
+//! pure; `write` merges with the files of an earlier run so `UCM_BENCH_ONLY=<phase>` refreshes
+//! only that phase's rows.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Reference {
+    pub value: f64,
+    /// What the reference is and where it comes from (measured in this run, or a stated figure).
+    pub what: String,
+    /// True when the reference was measured in the same run, false for a published/computed one.
+    pub measured: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Figure {
+    /// Stable key, e.g. `bulk.exporters.objects_per_s`.
+    pub id: String,
+    /// The `UCM_BENCH_ONLY` phase that measures it.
+    pub phase: String,
+    pub title: String,
+    pub unit: String,
+    pub samples: Vec<f64>,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub reference: Option<Reference>,
+    /// median / reference.value.
+    pub ratio: Option<f64>,
+    /// "higher" or "lower": which direction is better for ucm.
+    pub better: String,
+    pub note: String,
+    pub rerun: String,
+    pub measured_at: String,
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// Nearest-rank percentile (p in 0..=1).
+pub fn percentile(v: &[f64], p: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p * s.len() as f64).ceil().max(1.0) as usize;
+    s[rank.min(s.len()) - 1]
+}
+
+pub fn rerun_command(phase: &str) -> String {
+    format!("UCM_BENCH_ONLY={phase} make bench")
+}
+
+impl Figure {
+    pub fn new(phase: &str, id: &str, title: &str, unit: &str, samples: Vec<f64>) -> Figure {
+        let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Figure {
+            id: id.into(),
+            phase: phase.into(),
+            title: title.into(),
+            unit: unit.into(),
+            median: median(&samples),
+            min,
+            max,
+            samples,
+            reference: None,
+            ratio: None,
+            better: "lower".into(),
+            note: String::new(),
+            rerun: rerun_command(phase),
+            measured_at: jiff::Timestamp::now()
+                .round(jiff::Unit::Second)
+                .unwrap_or_else(|_| jiff::Timestamp::now())
+                .to_string(),
+        }
+    }
+
+    pub fn reference(mut self, value: f64, what: &str, measured: bool) -> Figure {
+        self.ratio = (value != 0.0 && value.is_finite()).then(|| self.median / value);
+        self.reference = Some(Reference {
+            value,
+            what: what.into(),
+            measured,
+        });
+        self
+    }
+
+    pub fn higher_is_better(mut self) -> Figure {
+        self.better = "higher".into();
+        self
+    }
+
+    pub fn note(mut self, n: impl Into<String>) -> Figure {
+        self.note = n.into();
+        self
+    }
+}
+
+/// Three significant digits, no exponent for the ranges this bench produces.
+pub fn fmt(v: f64) -> String {
+    if !v.is_finite() {
+        return "–".into();
+    }
+    let a = v.abs();
+    if a == 0.0 {
+        "0".into()
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else if a >= 0.01 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.2e}")
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Results {
+    /// Run metadata: date, machine, commit, wall time, settings.
+    pub meta: serde_json::Map<String, serde_json::Value>,
+    pub figures: Vec<Figure>,
+}
+
+impl Results {
+    /// Replaces every figure of the phases in `fresh` (a partial rerun keeps the others).
+    pub fn merge(mut self, fresh: Results) -> Results {
+        let phases: Vec<&str> = fresh.figures.iter().map(|f| f.phase.as_str()).collect();
+        self.figures.retain(|f| !phases.contains(&f.phase.as_str()));
+        self.figures.extend(fresh.figures.iter().cloned());
+        for (k, v) in fresh.meta {
+            self.meta.insert(k, v);
+        }
+        self
+    }
+}
+
+const PHASE_TITLES: &[(&str, &str)] = &[
+    ("bulk", "Bulk reconcile, memory, idle cost and start-up"),
+    ("grpc", "Simulated exporters holding Status streams"),
+    ("barrier", "Snapshot barrier"),
+    ("failover", "Leader failover (default lease settings)"),
+    ("export", "Export server throughput"),
+];
+
+pub fn render_markdown(r: &Results, methods: &str) -> String {
+    let mut out = String::from("# ucm benchmark results\n\n");
+    out.push_str("Written by `make bench` (`hack/bench.sh`, driver `benches/ucm/`). Do not edit by hand.\n\n");
+    for (k, v) in &r.meta {
+        let v = v
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| v.to_string());
+        out.push_str(&format!("- **{k}**: {v}\n"));
+    }
+    out.push_str(
+        "\nEach figure: median over the runs, with min and max; the reference and where it comes \
+         from; ratio = median / reference (the `better` column says which direction favours ucm); \
+         the command that reruns it.\n",
+    );
+    for (phase, title) in PHASE_TITLES {
+        let figs: Vec<&Figure> = r.figures.iter().filter(|f| f.phase == *phase).collect();
+        if figs.is_empty() {
+            continue;
+        }
+        out.push_str(&format!(
+            "\n## {title}\n\nRerun: `{}`\n\n",
+            rerun_command(phase)
+        ));
+        out.push_str("| figure | median | min | max | runs | reference | ratio | better |\n");
+        out.push_str("|---|---|---|---|---|---|---|---|\n");
+        for f in &figs {
+            let reference = f
+                .reference
+                .as_ref()
+                .map(|r| {
+                    format!(
+                        "{} {} ({}{})",
+                        fmt(r.value),
+                        f.unit,
+                        r.what,
+                        if r.measured { ", same run" } else { "" }
+                    )
+                })
+                .unwrap_or_else(|| "–".into());
+            out.push_str(&format!(
+                "| {} | **{} {}** | {} | {} | {} | {} | {} | {} |\n",
+                f.title,
+                fmt(f.median),
+                f.unit,
+                fmt(f.min),
+                fmt(f.max),
+                f.samples.len(),
+                reference,
+                f.ratio
+                    .map(|x| format!("{x:.2}"))
+                    .unwrap_or_else(|| "–".into()),
+                f.better,
+            ));
+        }
+        let notes: Vec<String> = figs
+            .iter()
+            .filter(|f| !f.note.is_empty())
+            .map(|f| format!("- {}: {}", f.title, f.note))
+            .collect();
+        if !notes.is_empty() {
+            out.push('\n');
+            out.push_str(&notes.join("\n"));
+            out.push('\n');
+        }
+    }
+    out.push_str("\n## How each figure is measured\n\n");
+    out.push_str(methods);
+    out
+}
+
+/// Merges `fresh` into `dir/results.json` (when present) and writes both files.
+pub fn write(dir: &Path, fresh: Results, methods: &str) -> std::io::Result<Results> {
+    std::fs::create_dir_all(dir)?;
+    let json_path = dir.join("results.json");
+    let old: Results = std::fs::read(&json_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let all = old.merge(fresh);
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&all)?)?;
+    std::fs::write(dir.join("results.md"), render_markdown(&all, methods))?;
+    Ok(all)
+}
