@@ -28,4 +28,4 @@ export SOAK_SUMMARY=${SOAK_SUMMARY:-${CARGO_TARGET_DIR:-$root/target}/soak-summa
 cd "$root"
 echo "soak: ${SOAK_MINUTES} min against the control plane started in $(( $(date +%s) - start ))s"
 cargo test --locked --test soak -- --ignored --nocapture soak
-echo "summary written to $SOAK_SUMMARY"
+echo "summary written to $SOAK_SUMMARY (logs of the manager and agents beside it)"

@@ -60,6 +60,43 @@ pub fn backoff(failures: u32, cap: Duration) -> Duration {
     d.mul_f64(jitter)
 }
 
+/// The Controller's backoff on its merged trigger streams: 500 ms doubling to 5 s, reset by any
+/// event. kube's default (800 ms doubling to 30 s) stacks on each watch's own backoff and
+/// pauses every trigger of the controller, healthy ones included: after a minute of dropped
+/// connections the soak saw the snapshot controller blind for another minute after the API
+/// server was fine again. The watches built here back off on their own (client-go's 800 ms →
+/// 30 s); this only spaces the retries of `.owns()`/`.watches()` streams, which have none.
+#[derive(Clone, Copy, Debug)]
+pub struct TriggerBackoff {
+    next: Duration,
+}
+
+pub const TRIGGER_BACKOFF_MIN: Duration = Duration::from_millis(500);
+pub const TRIGGER_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+impl Default for TriggerBackoff {
+    fn default() -> Self {
+        TriggerBackoff {
+            next: TRIGGER_BACKOFF_MIN,
+        }
+    }
+}
+
+impl Iterator for TriggerBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        let d = self.next;
+        self.next = (d * 2).min(TRIGGER_BACKOFF_MAX);
+        Some(d)
+    }
+}
+
+impl kube::runtime::utils::Backoff for TriggerBackoff {
+    fn reset(&mut self) {
+        *self = TriggerBackoff::default();
+    }
+}
+
 /// The short jittered delay after a write conflict ("immediately" in the feature specs).
 pub fn conflict_delay() -> Duration {
     Duration::from_millis(rand::rng().random_range(10..100))
@@ -91,6 +128,7 @@ impl Runtime {
             Trigger::AnyChange => stream.boxed(),
         };
         Controller::for_stream(stream, reader)
+            .trigger_backoff(TriggerBackoff::default())
             .with_config(Config::default().concurrency(self.config.max_concurrent_reconciles))
             .reconcile_all_on(self.leadership.acquisitions())
             .graceful_shutdown_on(self.shutdown.clone().cancelled_owned())
@@ -275,6 +313,23 @@ mod tests {
         assert!(within(backoff(4, cap), 8.0));
         assert!(within(backoff(30, cap), 300.0));
         assert!(within(backoff(9, Duration::from_secs(30)), 30.0));
+    }
+
+    /// The controller-level pause stays short (the watches escalate on their own), resets on
+    /// the next event, and never gives up (a `None` would end the controller's triggers).
+    #[test]
+    fn trigger_backoff_is_short_and_resets() {
+        let mut b = TriggerBackoff::default();
+        let first: Vec<_> = (&mut b).take(4).collect();
+        assert_eq!(
+            first,
+            [500, 1000, 2000, 4000].map(Duration::from_millis).to_vec()
+        );
+        for _ in 0..100 {
+            assert_eq!(b.next(), Some(TRIGGER_BACKOFF_MAX));
+        }
+        kube::runtime::utils::Backoff::reset(&mut b);
+        assert_eq!(b.next(), Some(TRIGGER_BACKOFF_MIN));
     }
 
     #[test]
