@@ -1082,6 +1082,11 @@ async fn restarted_agents_adopt_or_report_lost_barriers() {
         rig.kernel_clear("a")
     })
     .await;
+    // The fake kernel clears before its thaw event is appended: wait for the event log too.
+    eventually(TIMEOUT, "node a's thaw event", || async {
+        kinds(&rig.events("a"), &vol).len() >= 4
+    })
+    .await;
     assert_eq!(
         kinds(&rig.events("a"), &vol),
         ["freeze", "suspend", "resume", "thaw"]
