@@ -13,7 +13,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,41 +28,6 @@ use ucm::exporter::types::{
 };
 
 use common::*;
-
-// ---- copied from e2e/tests/jumpstarter.rs: small process helpers ----
-
-fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
-    let start = Instant::now();
-    loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            return Some(s);
-        }
-        if start.elapsed() > timeout {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<_> = text.lines().collect();
-    lines[lines.len().saturating_sub(80)..].join("\n")
-}
-
-async fn secret_data(api: &Api<Secret>, name: &str, key: &str) -> Vec<u8> {
-    eventually(TIMEOUT, &format!("Secret {name}"), || async {
-        api.get_opt(name)
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|s| s.data.is_some_and(|d| d.contains_key(key)))
-    })
-    .await;
-    api.get(name).await.unwrap().data.unwrap()[key].0.clone()
-}
-
-// ---- end of copied helpers ----
 
 /// `jmp run` (parent + forked serving child in its own process group). Dropping it stops both:
 /// SIGTERM (the exporter unregisters), then SIGKILL of the child's group if needed.
@@ -103,7 +68,7 @@ impl Drop for ExporterProc {
             eprintln!(
                 "---- exporter log ({}) ----\n{}",
                 self.log.display(),
-                tail(&self.log)
+                tail(&self.log, 80)
             );
         }
     }

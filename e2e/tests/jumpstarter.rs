@@ -21,25 +21,6 @@ use ucm::exporter::types::{Exporter, ExporterStatusValue, Lease};
 
 use common::*;
 
-fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
-    let start = Instant::now();
-    loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            return Some(s);
-        }
-        if start.elapsed() > timeout {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<_> = text.lines().collect();
-    lines[lines.len().saturating_sub(60)..].join("\n")
-}
-
 /// `ucm router` as a subprocess; SIGTERM on drop.
 struct Router {
     child: Option<Child>,
@@ -62,7 +43,7 @@ impl Drop for Router {
             }
         }
         if std::thread::panicking() {
-            eprintln!("---- router log ----\n{}", tail(&self.log));
+            eprintln!("---- router log ----\n{}", tail(&self.log, 60));
         }
     }
 }
@@ -123,7 +104,7 @@ impl Drop for ExporterProc {
             eprintln!(
                 "---- exporter log ({}) ----\n{}",
                 self.log.display(),
-                tail(&self.log)
+                tail(&self.log, 60)
             );
         }
     }
@@ -190,18 +171,6 @@ struct Lab {
     cert: Vec<u8>,
     exporter_token: String,
     client_token: String,
-}
-
-async fn secret_data(api: &Api<Secret>, name: &str, key: &str) -> Vec<u8> {
-    eventually(TIMEOUT, &format!("Secret {name}"), || async {
-        api.get_opt(name)
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|s| s.data.is_some_and(|d| d.contains_key(key)))
-    })
-    .await;
-    api.get(name).await.unwrap().data.unwrap()[key].0.clone()
 }
 
 fn status(e: &Exporter) -> Option<ExporterStatusValue> {

@@ -348,18 +348,50 @@ pub fn signal(pid: u32, sig: &str) {
         .status();
 }
 
-fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+/// Waits up to `timeout` for `child` to exit; None (still running) after that.
+pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let start = Instant::now();
     loop {
         if let Ok(Some(s)) = child.try_wait() {
             return Some(s);
         }
         if start.elapsed() > timeout {
-            let _ = child.kill();
-            return child.wait().ok();
+            return None;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// [`wait_child`], killing the child when it does not exit in time.
+fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    wait_child(child, timeout).or_else(|| {
+        let _ = child.kill();
+        child.wait().ok()
+    })
+}
+
+/// The last `lines` lines of a log file (empty when unreadable), for failure messages.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<_> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `key` of Secret `name`, once the Secret has it.
+pub async fn secret_data(
+    api: &Api<k8s_openapi::api::core::v1::Secret>,
+    name: &str,
+    key: &str,
+) -> Vec<u8> {
+    eventually(TIMEOUT, &format!("Secret {name}"), || async {
+        api.get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.data.is_some_and(|d| d.contains_key(key)))
+    })
+    .await;
+    api.get(name).await.unwrap().data.unwrap()[key].0.clone()
 }
 
 /// `ucm manager` as a real subprocess. Dropping it sends SIGTERM and waits.
