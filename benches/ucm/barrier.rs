@@ -28,6 +28,27 @@ async fn until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) 
     }
 }
 
+/// Milliseconds from the start of this snapshot's raise (freeze, else suspend) to the end of its
+/// lift (resume and thaw), minus its cut time; None until the log holds the whole leg.
+fn held_minus_cut(evs: &[fake::FakeEvent], snapshot: &str) -> Option<f64> {
+    let cut_idx = evs
+        .iter()
+        .position(|e| e.event == "cut" && e.snapshot.as_deref() == Some(snapshot))?;
+    let start = evs[..cut_idx]
+        .iter()
+        .rev()
+        .take_while(|e| e.event == "freeze" || e.event == "suspend")
+        .last()?
+        .at_ns;
+    let end = evs[cut_idx + 1..]
+        .iter()
+        .take_while(|e| e.event == "resume" || e.event == "thaw")
+        .last()?
+        .at_ns;
+    let cut = evs[cut_idx].duration_ns.unwrap_or(0);
+    Some((end - start).saturating_sub(cut) as f64 / 1e6)
+}
+
 pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     let c = ctx.plane.admin.clone();
     let dir = ctx.work.join("barrier");
@@ -163,26 +184,19 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
                 .await;
             }
             for n in &nodes {
-                let evs = fake::read_events(&fake_dir, n);
-                let cut_idx = evs
-                    .iter()
-                    .position(|e| e.event == "cut" && e.snapshot.as_deref() == Some(name.as_str()))
-                    .unwrap_or_else(|| panic!("no cut of {name} on {n}"));
-                let start = evs[..cut_idx]
-                    .iter()
-                    .rev()
-                    .take_while(|e| e.event == "freeze" || e.event == "suspend")
-                    .last()
-                    .map(|e| e.at_ns)
-                    .expect("raise before the cut");
-                let end = evs[cut_idx + 1..]
-                    .iter()
-                    .take_while(|e| e.event == "resume" || e.event == "thaw")
-                    .last()
-                    .map(|e| e.at_ns)
-                    .expect("lift after the cut");
-                let cut = evs[cut_idx].duration_ns.unwrap_or(0);
-                legs.push((end - start).saturating_sub(cut) as f64 / 1e6);
+                // The fake barrier writes the kernel state before it appends the event, so the
+                // lift may reach the log a moment after the kernel looks clear.
+                let mut leg = None;
+                until(
+                    "the lift in the event log",
+                    Duration::from_secs(10),
+                    async || {
+                        leg = held_minus_cut(&fake::read_events(&fake_dir, n), &name);
+                        leg.is_some()
+                    },
+                )
+                .await;
+                legs.push(leg.unwrap());
             }
         }
         eprintln!(

@@ -54,9 +54,9 @@ const METHODS: &str = "\
 - **API requests** are counted by the kube-apiserver's own audit log (`--audit-policy-file`, level Metadata for the group `system:serviceaccounts:ucm-system`, one count per request: at ResponseComplete, or ResponseStarted for watches). The manager runs with the ServiceAccount token `ucm-system/ucm-manager`, the snapshot agents with `ucm-system/ucm-agent`, both bound to cluster-admin; the bench's own client (creates, the simulated kubelet, references) is the admin user and is not counted. kube-rs sends no User-Agent, and `apiserver_request_total` has no client label, so the identity is what separates ucm's requests from the bench's. \"Requests\" are gets, lists and writes; watches are not included.
 - **Bulk**: objects are created by the bench with 8 concurrent requests; the timer runs from the first create until a watch has seen every object's final status. The reference is the same bench client creating the same objects and then patching a final status onto each (8 at a time), timed the same way, in the same run, on the same control plane. The manager runs with the shipped defaults (every feature, all namespaces) except `--max-concurrent-reconciles=8` (default 1, as controller-runtime's), so both sides send up to 8 requests at a time: with one worker the manager is bound by request latency, not by what each object costs. The API server's CPU per object (from `/proc` of the etcd + kube-apiserver process) does not depend on concurrency or on how busy the machine is.
 - **RSS** is VmRSS from `/proc/<pid>/status`: at zero after /readyz plus 3 s on an empty cluster, and 5 s after the last bulk step. Bytes per object divides the growth by the number of primary objects (Exporters, VirtualMachineExports, MiroirSnapshots); their Secrets, Pods, Services, PVCs and volumes are cached too.
-- **Idle**: manager writes in the audit log over a window with everything settled; a restarted manager's writes from spawn to /readyz + 10 s.
+- **Idle**: manager writes in the audit log over a window with everything settled; a restarted manager's writes from spawn to /readyz + 5 s.
 - **Start-up**: spawn to the first 200 from /readyz, polled every 10 ms; the reference is the bench listing the same kinds (pages of 500).
-- **Simulated exporters**: a Rust client over the jumpstarter.v1 stubs compiled from the jumpstarter-protocol 0.9.0 descriptors, one TLS connection per exporter trusting the certificate the leader stored, the token from the exporter's credential Secret. Each Registers, holds a Status stream and reports Available; a kill drops the connection without Unregister.
+- **Simulated exporters**: a Rust client over the jumpstarter.v1 stubs compiled from the jumpstarter-protocol 0.9.0 descriptors, one TLS connection per exporter trusting the certificate the leader stored, the token from the exporter's credential Secret. Each Registers, holds a Status stream and reports Available; a kill drops the connection without Unregister. The manager runs with `--max-concurrent-reconciles=8` here too: every heartbeat write triggers an Exporter reconcile (a Secret get and a Lease list), and with one worker a trial run on this machine fell about 100 s behind with 1,000 exporters, which delayed offline detection by as much.
 - **Failover**: two managers with `--leader-elect` and default durations; the takeover time is the new holder's `acquireTime` (same host clock) minus the signal time; the first reconcile write is observed by the bench polling every 20 ms.
 - **Export**: `ucm export-server` with a serving certificate from the manager's own CA code; nginx 1.22 from Debian (`sendfile on`) and pigz from Debian; curl writes to /dev/null and does not decompress; the file is read from the page cache (warmed once).
 - **Snapshot barrier**: the fake barrier's per-node event log (freeze/suspend, cut with its duration, resume/thaw), one round at a time.
@@ -124,7 +124,7 @@ async fn main() {
         exporters: n(5000.0),
         vmexports: n(1000.0),
         snapshots: n(1000.0),
-        volumes: n(100.0),
+        volumes: n(1000.0),
         grpc_exporters: n(1000.0),
         kills: 10usize.min(n(1000.0)),
     };
@@ -157,7 +157,7 @@ async fn main() {
         idle_window: Duration::from_secs(env_num("UCM_BENCH_IDLE_S", 30)),
         grpc_window: Duration::from_secs(env_num("UCM_BENCH_GRPC_WINDOW_S", 40)),
         grpc_windows: runs,
-        barrier_rounds: env_num("UCM_BENCH_BARRIER_ROUNDS", 20),
+        barrier_rounds: env_num("UCM_BENCH_BARRIER_ROUNDS", 50),
         failover_runs: runs,
         export_bytes: env_num::<u64>("UCM_BENCH_EXPORT_MIB", 2048) << 20,
     };

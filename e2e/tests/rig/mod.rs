@@ -59,8 +59,11 @@ pub struct AgentProc {
 }
 
 impl AgentProc {
+    /// Both streams (tracing writes to stderr).
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let mut out = std::fs::read_to_string(&self.log).unwrap_or_default();
+        out.push_str(&std::fs::read_to_string(self.log.with_extension("err")).unwrap_or_default());
+        out
     }
 
     pub fn kill(&mut self) {
