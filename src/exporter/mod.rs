@@ -124,50 +124,57 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         .register(&rt.metrics.registry)
         .map_err(|e| format!("cannot register exporter metrics: {e}"))?;
 
+    // The active Leases (no ended label) the Exporter pass reads its held lease from. The same
+    // watch triggers the Exporter passes, and a reflector stores an event before passing it on,
+    // so a pass a Lease change triggers always reads that change.
+    let (active_leases, lease_changes) = rt.reflect(
+        "exporter-leases",
+        rt.watched::<Lease>(),
+        active_lease_watch(),
+    );
     let ctx = Arc::new(reconcile::Ctx {
         writer: rt.writer("exporter"),
         client: rt.client.clone(),
         settings,
         key,
         metrics,
+        active_leases,
     });
 
-    // Exporter: its own changes (status included: the gRPC service writes it), owned Secrets,
-    // and Leases mapped by their controller owner or by status.exporterRef.
+    // Exporter: its own changes (status included: the gRPC service writes conditions), except
+    // heartbeats that move `lastSeen` alone (nothing derived changes, and the last pass's timer
+    // still runs); owned Secrets; and Leases mapped by their controller owner or by
+    // status.exporterRef (a lease that ends leaves the label-selected watch as a deletion).
     let exporter_ctl = rt
         .controller::<Exporter>(
             "exporter",
             rt.watched(),
             watcher::Config::default(),
-            Trigger::AnyChange,
+            Trigger::AnyChangeExceptStatus(&["lastSeen"]),
         )
         .watches_stream(secret_changes(&rt), |s: PartialObjectMeta<Secret>| {
             credential_owners::<Exporter>(&s.metadata, "Exporter", "-exporter")
         })
-        .watches(
-            rt.watched::<Lease>(),
-            watcher::Config::default(),
-            |lease: Lease| {
-                let ns = lease.metadata.namespace.clone().unwrap_or_default();
-                let by_status = lease
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.exporter_ref_name())
-                    .map(str::to_string);
-                let by_owner = lease
-                    .metadata
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .filter(|r| r.controller == Some(true) && r.kind == "Exporter")
-                    .map(|r| r.name.clone())
-                    .collect::<Vec<_>>();
-                by_status
-                    .into_iter()
-                    .chain(by_owner)
-                    .map(move |name| ObjectRef::<Guarded<Exporter>>::new(&name).within(&ns))
-            },
-        );
+        .watches_stream(lease_changes, |lease: Lease| {
+            let ns = lease.metadata.namespace.clone().unwrap_or_default();
+            let by_status = lease
+                .status
+                .as_ref()
+                .and_then(|s| s.exporter_ref_name())
+                .map(str::to_string);
+            let by_owner = lease
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .filter(|r| r.controller == Some(true) && r.kind == "Exporter")
+                .map(|r| r.name.clone())
+                .collect::<Vec<_>>();
+            by_status
+                .into_iter()
+                .chain(by_owner)
+                .map(move |name| ObjectRef::<Guarded<Exporter>>::new(&name).within(&ns))
+        });
     rt.metrics
         .registry
         .register(Box::new(metrics::ExporterGauges::new(exporter_ctl.store())))
@@ -179,11 +186,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
     let lease_ctl = rt.controller::<Lease>(
         "lease",
         rt.watched(),
-        watcher::Config::default().labels(&format!(
-            "{}!={}",
-            lease_logic::ENDED_LABEL,
-            lease_logic::ENDED_VALUE
-        )),
+        active_lease_watch(),
         Trigger::AnyChange,
     );
     let lease_store = lease_ctl.store();
@@ -261,6 +264,15 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         ),
     );
     Ok(())
+}
+
+/// Leases without the ended label: ended leases leave the watch and its cache (rule 6.1.1).
+fn active_lease_watch() -> watcher::Config {
+    watcher::Config::default().labels(&format!(
+        "{}!={}",
+        lease_logic::ENDED_LABEL,
+        lease_logic::ENDED_VALUE
+    ))
 }
 
 /// Changes to Secrets in the watched namespaces, metadata only (the reconcilers read the one

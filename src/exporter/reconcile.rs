@@ -31,6 +31,8 @@ pub struct Ctx {
     pub settings: Settings,
     pub key: SigningKey,
     pub metrics: super::metrics::Metrics,
+    /// Active Leases (the Exporter pass's cache; assignment reads uncached).
+    pub active_leases: kube::runtime::reflector::Store<Lease>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -292,7 +294,19 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
         Some(claims)
     };
 
-    let leases = active_leases(&ctx, &ns).await?;
+    // The cache is enough here: a Lease change that alters the held lease triggers a pass
+    // after the cache has it. Before the first list completes there is nothing to read.
+    if ctx.active_leases.wait_until_ready().await.is_err() {
+        return Ok(Action::await_change()); // shutting down
+    }
+    let leases: Vec<Lease> = ctx
+        .active_leases
+        .state()
+        .iter()
+        .filter(|l| l.metadata.namespace.as_deref() == Some(ns.as_str()))
+        .filter(|l| l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some(name.as_str()))
+        .map(|l| (**l).clone())
+        .collect();
     let (held, several) = lease_logic::held_lease(&name, &leases);
     if several {
         warn!(exporter = %name, "several active leases name this exporter; using the earliest");

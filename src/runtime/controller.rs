@@ -48,6 +48,39 @@ pub enum Trigger {
     SpecAndFinalizers,
     /// Every change, status included (a controller that reacts to status written by others).
     AnyChange,
+    /// Every change except one that touches only these status fields (and the resourceVersion
+    /// and managedFields every write bumps). For fields another writer keeps fresh without
+    /// changing anything derived from them (the exporter heartbeat's `lastSeen`): the pass they
+    /// would trigger finds nothing to do, and the timer of the last pass still runs.
+    AnyChangeExceptStatus(&'static [&'static str]),
+}
+
+/// The hash [`Trigger::AnyChangeExceptStatus`] compares: the object as JSON without the ignored
+/// status fields, resourceVersion and managedFields. An object that failed to deserialize hashes
+/// its resourceVersion, so every change of it passes.
+fn hash_except_status<K: serde::Serialize + Resource>(
+    obj: &Guarded<K>,
+    ignored: &[&str],
+) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    match &obj.0 {
+        Ok(k) => {
+            let mut v = serde_json::to_value(k).ok()?;
+            if let Some(meta) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                meta.remove("resourceVersion");
+                meta.remove("managedFields");
+            }
+            if let Some(status) = v.get_mut("status").and_then(|s| s.as_object_mut()) {
+                for f in ignored {
+                    status.remove(*f);
+                }
+            }
+            v.to_string().hash(&mut h);
+        }
+        Err(_) => obj.meta().resource_version.hash(&mut h),
+    }
+    Some(h.finish())
 }
 
 pub type Guarded<K> = DeserializeGuard<K>;
@@ -114,7 +147,14 @@ impl Runtime {
         trigger: Trigger,
     ) -> Controller<Guarded<K>>
     where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + serde::Serialize
+            + Debug
+            + Send
+            + Sync
+            + 'static,
     {
         let (reader, events) = self.reflected_events(name, api, cfg);
         let stream = events.applied_objects();
@@ -126,6 +166,12 @@ impl Runtime {
                 )
                 .boxed(),
             Trigger::AnyChange => stream.boxed(),
+            Trigger::AnyChangeExceptStatus(ignored) => stream
+                .predicate_filter(
+                    move |o: &Guarded<K>| hash_except_status(o, ignored),
+                    Default::default(),
+                )
+                .boxed(),
         };
         Controller::for_stream(stream, reader)
             .trigger_backoff(TriggerBackoff::default())
@@ -302,6 +348,28 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn except_status_hash_ignores_only_the_named_fields_and_write_bookkeeping() {
+        use crate::exporter::types::Exporter;
+        let obj = |rv: &str, seen: &str, online: &str, label: &str| -> Guarded<Exporter> {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
+                "metadata": {"name": "e", "namespace": "lab", "resourceVersion": rv,
+                    "labels": {"board": label},
+                    "managedFields": [{"manager": "ucm", "time": format!("2026-01-01T00:00:0{rv}Z")}]},
+                "spec": {},
+                "status": {"lastSeen": seen, "conditions": [{"type": "Online", "status": online,
+                    "reason": "Seen", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+            }))
+            .unwrap()
+        };
+        let h = |o: &Guarded<Exporter>| hash_except_status(o, &["lastSeen"]).unwrap();
+        let base = h(&obj("1", "2026-01-01T00:00:00Z", "True", "a"));
+        assert_eq!(base, h(&obj("2", "2026-01-01T00:00:20Z", "True", "a")));
+        assert_ne!(base, h(&obj("3", "2026-01-01T00:00:20Z", "False", "a")));
+        assert_ne!(base, h(&obj("4", "2026-01-01T00:00:00Z", "True", "b")));
+    }
 
     #[test]
     fn backoff_doubles_to_the_cap_with_jitter() {

@@ -283,9 +283,11 @@ pub async fn reconcile(snap: Arc<MiroirSnapshot>, ctx: Arc<Context>) -> Result<A
             {
                 let lock = ctx.volume_lock(&snap.spec.volume_name);
                 let _g = lock.lock().await;
+                let same_volume = ListParams::default()
+                    .fields(&format!("spec.volumeName={}", snap.spec.volume_name));
                 let all = ctx
                     .snapshots
-                    .list(&ListParams::default())
+                    .list(&same_volume)
                     .await
                     .map_err(Error::Read)?;
                 let Some(me) = all.items.iter().find(|s| s.uid() == snap.uid()).cloned() else {
