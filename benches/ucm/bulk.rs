@@ -135,7 +135,7 @@ fn reference_status(kind: &str, name: &str) -> Value {
     match kind {
         "exporter" => json!({"status": {
             "credential": {"name": format!("{name}-exporter")},
-            "endpoint": "localhost:8082",
+            "endpoint": "ucm-grpc.ucm-system.svc:8082",
             "tokenExpiresAt": t,
             "statusMessage": "Never seen",
             "conditions": [cond("Registered", "False", "Unregistered"), cond("Online", "False", "Seen")],

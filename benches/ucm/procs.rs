@@ -66,7 +66,9 @@ impl Proc {
             .arg(format!(
                 "--exporter-grpc-bind-address=127.0.0.1:{grpc_port}"
             ))
-            .arg(format!("--exporter-grpc-endpoint=localhost:{grpc_port}"))
+            // One advertised endpoint for every manager, as replicas behind a Service have: a
+            // restarted manager advertising another port would rightly rewrite every Exporter.
+            .arg("--exporter-grpc-endpoint=ucm-grpc.ucm-system.svc:8082")
             .arg("--log-level=info")
             .args(extra)
             .env_remove("RUST_LOG")

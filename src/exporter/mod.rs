@@ -139,6 +139,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         key,
         metrics,
         active_leases,
+        stale_exporters: Default::default(),
     });
 
     // Exporter: its own changes (status included: the gRPC service writes conditions), except

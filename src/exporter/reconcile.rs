@@ -33,6 +33,10 @@ pub struct Ctx {
     pub metrics: super::metrics::Metrics,
     /// Active Leases (the Exporter pass's cache; assignment reads uncached).
     pub active_leases: kube::runtime::reflector::Store<Lease>,
+    /// (namespace, name) → the resourceVersion the last Exporter status write replaced. A pass
+    /// that sees it in the cache runs before the watch delivered that write (a Secret or Lease
+    /// event queued it): it would only conflict, and the write's own event brings the next pass.
+    pub stale_exporters: std::sync::Mutex<std::collections::HashMap<(String, String), String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -265,6 +269,18 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
     let now = Timestamp::now();
     let ns = exporter.namespace().unwrap_or_default();
     let name = exporter.name_any();
+    let rv = exporter.resource_version().unwrap_or_default();
+    let key = (ns.clone(), name.clone());
+    {
+        let mut stale = ctx.stale_exporters.lock().expect("lock");
+        match stale.get(&key) {
+            Some(replaced) if *replaced == rv => return Ok(Action::await_change()),
+            Some(_) => {
+                stale.remove(&key);
+            }
+            None => {}
+        }
+    }
     let Some(owner) = controller_ref(&*exporter) else {
         return Ok(Action::await_change());
     };
@@ -340,10 +356,17 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
     let mut events = Vec::new();
     if let Some(patch) = status_merge_patch(exporter.status.as_ref(), &desired.status) {
         let api: Api<Exporter> = Api::namespaced(ctx.client.clone(), &ns);
-        let rv = exporter.resource_version().unwrap_or_default();
         ctx.writer
             .merge_status_fenced(&api, &name, &rv, &patch)
             .await?;
+        let mut stale = ctx.stale_exporters.lock().expect("lock");
+        // Only an optimisation: an Exporter deleted right after a write leaves its entry, so
+        // the map is dropped whole when it grows past any plausible burst.
+        if stale.len() >= 16_384 {
+            stale.clear();
+        }
+        stale.insert(key, rv);
+        drop(stale);
         ctx.metrics
             .status_writes
             .with_label_values(&["reconcile"])

@@ -235,7 +235,21 @@ pub struct Runner<K: Resource, C> {
     metrics: ControllerMetrics,
     leadership: super::leader::Leadership,
     failures: Mutex<HashMap<ObjectRef<Guarded<K>>, u32>>,
+    /// Write conflicts in a row per object (reset by a pass that ends without one).
+    conflicts: Mutex<HashMap<ObjectRef<Guarded<K>>, u32>>,
     backoff_cap: Duration,
+}
+
+/// Conflicts in a row retried at once before the error backoff takes over.
+const MAX_QUICK_CONFLICTS: u32 = 8;
+
+impl<K: Resource<DynamicType = ()>, C> Runner<K, C> {
+    fn count_conflict(&self, oref: &ObjectRef<Guarded<K>>) -> u32 {
+        let mut m = self.conflicts.lock().expect("lock");
+        let n = m.entry(oref.clone()).or_insert(0);
+        *n += 1;
+        *n
+    }
 }
 
 pub async fn run<K, C, E, F, Fut>(
@@ -259,6 +273,7 @@ pub async fn run<K, C, E, F, Fut>(
             .controller(name, rt.config.max_concurrent_reconciles),
         leadership: rt.leadership.clone(),
         failures: Mutex::new(HashMap::new()),
+        conflicts: Mutex::new(HashMap::new()),
         backoff_cap,
     });
     let reconcile = Arc::new(reconcile);
@@ -287,12 +302,16 @@ pub async fn run<K, C, E, F, Fut>(
                     match result {
                         Ok(action) => {
                             runner.failures.lock().expect("lock").remove(&oref);
+                            runner.conflicts.lock().expect("lock").remove(&oref);
                             if action != Action::await_change() {
                                 measure.set_result(ReconcileResult::RequeueAfter);
                             }
                             Ok(action)
                         }
-                        Err(e) if e.is_conflict() => {
+                        // Quickly again from fresh state, a few times in a row; a write that
+                        // keeps being fenced out (a stale cache, or a patch that can never
+                        // apply) then backs off like any failure.
+                        Err(e) if e.is_conflict() && runner.count_conflict(&oref) <= MAX_QUICK_CONFLICTS => {
                             debug!(controller = name, object = %oref, "write conflict; reconciling again from fresh state");
                             measure.set_result(ReconcileResult::RequeueAfter);
                             Ok(Action::requeue(conflict_delay()))

@@ -24,11 +24,24 @@ pub enum WriteError {
     Kube(#[from] kube::Error),
 }
 
+/// The write was fenced out: 409 (resourceVersion precondition), or a JSON Patch whose `test`
+/// failed. The API server answers a failed `test` with a bare 422 Invalid that carries no
+/// details (its message names no test); a schema rejection always lists its causes.
+pub fn is_fenced_out(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => {
+            s.code == 409
+                || (s.code == 422 && s.details.as_ref().is_none_or(|d| d.causes.is_empty()))
+        }
+        _ => false,
+    }
+}
+
 impl WriteError {
-    /// 409: the object changed since it was read (or a fenced patch's `test` failed with 422 on
-    /// JSON Patch); the caller reconciles again from fresh state.
+    /// The object changed since it was read ([`is_fenced_out`]); the caller reconciles again
+    /// from fresh state.
     pub fn is_conflict(&self) -> bool {
-        matches!(self, WriteError::Kube(kube::Error::Api(s)) if s.code == 409)
+        matches!(self, WriteError::Kube(e) if is_fenced_out(e))
     }
 
     pub fn is_not_found(&self) -> bool {
@@ -317,5 +330,39 @@ impl Writer {
         if let Err(e) = self.recorder.publish(&ev, regarding).await {
             warn!(reason, error = %e, "could not publish event");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(body: serde_json::Value) -> kube::Error {
+        kube::Error::Api(Box::new(serde_json::from_value(body).unwrap()))
+    }
+
+    #[test]
+    fn a_failed_json_patch_test_is_fenced_out_and_a_schema_rejection_is_not() {
+        // The bodies the API server (v1.37) sends: a failed `test` op, and a schema rejection.
+        let failed_test = api_error(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "the server rejected our request due to an error in our request",
+            "reason": "Invalid", "details": {}, "code": 422
+        }));
+        let schema = api_error(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "MiroirSnapshot.miroir.home-operations.com \"s\" is invalid: status.perNode.a: Unsupported value",
+            "reason": "Invalid", "code": 422,
+            "details": {"name": "s", "causes": [{"reason": "FieldValueNotSupported", "message": "Unsupported value", "field": "status.perNode.a"}]}
+        }));
+        let conflict = api_error(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "the object has been modified", "reason": "Conflict", "code": 409
+        }));
+        assert!(is_fenced_out(&failed_test));
+        assert!(is_fenced_out(&conflict));
+        assert!(!is_fenced_out(&schema));
+        assert!(WriteError::Kube(failed_test).is_conflict());
+        assert!(!WriteError::Kube(schema).is_conflict());
     }
 }

@@ -67,16 +67,6 @@ impl ReconcileError for Error {
     }
 }
 
-/// A failed JSON Patch `test` is answered with 422 and a message naming the test.
-fn is_fence_rejection(e: &WriteError) -> bool {
-    match e {
-        WriteError::Kube(kube::Error::Api(s)) => {
-            s.code == 409 || (s.code == 422 && s.message.to_ascii_lowercase().contains("test"))
-        }
-        _ => false,
-    }
-}
-
 /// The manager's round metrics.
 #[derive(Clone)]
 pub struct RoundMetrics {
@@ -246,13 +236,9 @@ pub async fn reconcile(snap: Arc<MiroirSnapshot>, ctx: Arc<Context>) -> Result<A
         let now = Timestamp::now();
         let volume = ctx.volume(&snap.spec.volume_name);
         let heartbeats = ctx.heartbeats();
-        let cached: Vec<MiroirSnapshot> = ctx
-            .snapshot_store
-            .state()
-            .iter()
-            .filter_map(|g| g.0.as_ref().ok().cloned())
-            .collect();
-        let other = other_open_round(&snap, cached.iter());
+        // By reference: cloning every cached snapshot on each pass made a pass O(n) deep copies.
+        let cached = ctx.snapshot_store.state();
+        let other = other_open_round(&snap, cached.iter().filter_map(|g| g.0.as_ref().ok()));
         let obs = Observed {
             snapshot: &snap,
             volume: volume.as_ref(),
@@ -345,7 +331,7 @@ async fn act(snap: &MiroirSnapshot, d: Decision, ctx: &Context) -> Result<Action
                 .patch(&ctx.snapshots, &name, &kube::api::Patch::<()>::Json(p))
                 .await
                 .map_err(|e| {
-                    if is_fence_rejection(&e) {
+                    if e.is_conflict() {
                         Error::Fenced
                     } else {
                         Error::Write(e)
@@ -391,7 +377,7 @@ async fn act(snap: &MiroirSnapshot, d: Decision, ctx: &Context) -> Result<Action
             .json_patch_status(&ctx.snapshots, &name, p)
             .await
             .map_err(|e| {
-                if is_fence_rejection(&e) {
+                if e.is_conflict() {
                     Error::Fenced
                 } else {
                     Error::Write(e)

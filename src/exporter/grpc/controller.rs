@@ -41,9 +41,8 @@ pub struct Controller {
     pub watched: Option<String>,
     pub router_key: RouterKey,
     pub router_endpoint: String,
-    /// (namespace, lease) → (generation, queue) of the current Listen stream (rule 7.5.5).
-    listeners: Mutex<HashMap<(String, String), (u64, ListenTx)>>,
-    next: std::sync::atomic::AtomicU64,
+    /// (namespace, lease) → queue of the current Listen stream (rule 7.5.5).
+    listeners: Mutex<HashMap<(String, String), ListenTx>>,
     /// Cancelled when this serving session ends (leadership lost, shutdown): ends every stream
     /// so the server's graceful stop does not wait on them.
     pub stop: tokio_util::sync::CancellationToken,
@@ -75,7 +74,6 @@ impl Controller {
             router_key,
             router_endpoint,
             listeners: Default::default(),
-            next: Default::default(),
             stop: tokio_util::sync::CancellationToken::new(),
             liveness: Liveness::default(),
         }
@@ -657,12 +655,12 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
             return Err(Status::permission_denied("permission denied"));
         }
         let (tx, rx) = mpsc::channel(LISTEN_QUEUE);
-        let generation = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // A new Listen supersedes the previous one: dropping its sender ends it.
-        self.listeners
-            .lock()
-            .expect("listeners")
-            .insert((caller.namespace, lease_name), (generation, tx));
+        // A new Listen supersedes the previous one: dropping its sender ends it. Entries of
+        // streams that ended (the exporter went away, the lease ended) are pruned here, so the
+        // map holds at most one entry per live Listen.
+        let mut listeners = self.listeners.lock().expect("listeners");
+        listeners.retain(|_, tx| !tx.is_closed());
+        listeners.insert((caller.namespace, lease_name), tx);
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -718,12 +716,7 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
             router_token: token.clone(),
         };
         let key = (caller.namespace.clone(), lease_name);
-        let tx = self
-            .listeners
-            .lock()
-            .expect("listeners")
-            .get(&key)
-            .map(|(_, tx)| tx.clone());
+        let tx = self.listeners.lock().expect("listeners").get(&key).cloned();
         match tx.map(|tx| tx.try_send(Ok(resp))) {
             None | Some(Err(mpsc::error::TrySendError::Closed(_))) => {
                 return Err(Status::unavailable(

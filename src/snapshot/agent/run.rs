@@ -294,10 +294,6 @@ pub fn overlay_written(s: &mut MiroirSnapshot, node: &str, written: Option<SlotS
     }
 }
 
-fn is_fenced(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409 || (s.code == 422 && s.message.to_ascii_lowercase().contains("test")))
-}
-
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
@@ -505,7 +501,7 @@ impl Ctx {
                 debug!(snapshot = %s.name_any(), slot = %state, "slot written");
                 Next::Again(Box::new(obj))
             }
-            Err(e) if is_fenced(&e) => {
+            Err(e) if crate::runtime::writer::is_fenced_out(&e) => {
                 debug!(snapshot = %s.name_any(), "slot write fenced out: the round moved on");
                 Next::Reread
             }
@@ -884,7 +880,7 @@ impl Ctx {
                 Next::Until(None)
             }
             Err(e) if is_not_found(&e) => Next::Until(None),
-            Err(e) if is_fenced(&e) => Next::Reread,
+            Err(e) if crate::runtime::writer::is_fenced_out(&e) => Next::Reread,
             Err(e) => {
                 warn!(snapshot = %name, error = %e, "removing the finalizer failed; retrying");
                 soon(Duration::from_secs(1))
