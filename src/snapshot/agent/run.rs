@@ -226,8 +226,9 @@ type RoundKey = (String, String);
 struct Memory {
     /// Monotonic raise time per snapshot uid (this process's raises).
     raised: HashMap<String, Instant>,
-    /// The last slot value this agent wrote per round (masks a stale cache).
-    written: HashMap<RoundKey, SlotState>,
+    /// The most advanced slot of each node this agent has written or seen, per round (masks a
+    /// stale copy; see [`merge_seen`]).
+    seen: HashMap<RoundKey, BTreeMap<String, SlotState>>,
     /// Consecutive barrier or cut failures per round.
     failures: HashMap<RoundKey, u32>,
     /// When I2 started holding back the cut, and whether the event went out.
@@ -283,14 +284,22 @@ fn rank(s: Option<SlotState>) -> u8 {
     }
 }
 
-/// Masks a stale cache: a slot this agent already advanced in this round is never seen as
-/// less advanced (only the manager resets slots, and it does so with a new round stamp).
-pub fn overlay_written(s: &mut MiroirSnapshot, node: &str, written: Option<SlotState>) {
-    let Some(w) = written else { return };
+/// Masks a stale copy: slots only move forward within a round (only the manager resets them,
+/// and it does so with a new round stamp), so `s` is read with the most advanced slot of each
+/// node in `seen` (this agent's writes and earlier copies), and `seen` learns from `s`. Without
+/// it, a watch event older than the patch response the agent acted on (it lifted on "every leg
+/// Done") looked like a barrier the agent had lost, and it reported Error (row 5).
+pub fn merge_seen(s: &mut MiroirSnapshot, seen: &mut BTreeMap<String, SlotState>) {
     let Some(st) = s.status.as_mut() else { return };
     let slots = st.per_node.get_or_insert_with(BTreeMap::new);
-    if rank(slots.get(node).copied()) < rank(Some(w)) {
-        slots.insert(node.to_string(), w);
+    for (node, state) in slots.iter() {
+        let known = seen.entry(node.clone()).or_insert(*state);
+        if rank(Some(*known)) < rank(Some(*state)) {
+            *known = *state;
+        }
+    }
+    for (node, state) in seen.iter() {
+        slots.insert(node.clone(), *state);
     }
 }
 
@@ -496,8 +505,10 @@ impl Ctx {
                 self.mem
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .written
-                    .insert((uid, at), state);
+                    .seen
+                    .entry((uid, at))
+                    .or_default()
+                    .insert(self.node.clone(), state);
                 debug!(snapshot = %s.name_any(), slot = %state, "slot written");
                 Next::Again(Box::new(obj))
             }
@@ -927,14 +938,15 @@ impl Ctx {
             let vol = self.volume(&volume_name);
             let key = Ctx::round_key(&s);
             if let Some(k) = &key {
-                let w = self
-                    .mem
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .written
-                    .get(k)
-                    .copied();
-                overlay_written(&mut s, &self.node, w);
+                merge_seen(
+                    &mut s,
+                    self.mem
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .seen
+                        .entry(k.clone())
+                        .or_default(),
+                );
                 self.check_skew(&s, k).await;
             }
             let entry = s.uid().and_then(|u| self.journal_get(&u));
@@ -1117,7 +1129,7 @@ impl Ctx {
         let keep = |uid: &String| present.contains(uid) || journal.contains(uid);
         let mut m = self.mem.lock().unwrap_or_else(|p| p.into_inner());
         m.raised.retain(|u, _| keep(u));
-        m.written.retain(|(u, _), _| keep(u));
+        m.seen.retain(|(u, _), _| keep(u));
         m.failures.retain(|(u, _), _| keep(u));
         m.held_back.retain(|(u, _), _| keep(u));
         m.primary.retain(|(u, _), _| keep(u));
@@ -1570,25 +1582,35 @@ mod tests {
     use crate::snapshot::types::{MiroirSnapshotSpec, MiroirSnapshotStatus};
 
     #[test]
-    fn overlay_never_regresses_own_slot() {
-        let mut s = MiroirSnapshot::new(
-            "s",
-            MiroirSnapshotSpec {
-                volume_name: "v".into(),
-            },
-        );
-        s.status = Some(MiroirSnapshotStatus {
-            per_node: Some([("a".to_string(), SlotState::Pending)].into()),
-            ..Default::default()
-        });
-        overlay_written(&mut s, "a", Some(SlotState::Suspended));
-        assert_eq!(RoundView::of(&s).slot("a"), Some(SlotState::Suspended));
-        overlay_written(&mut s, "a", Some(SlotState::Pending));
-        assert_eq!(RoundView::of(&s).slot("a"), Some(SlotState::Suspended));
-        overlay_written(&mut s, "a", None);
-        assert_eq!(RoundView::of(&s).slot("a"), Some(SlotState::Suspended));
-        overlay_written(&mut s, "b", Some(SlotState::Suspended));
-        assert_eq!(RoundView::of(&s).slot("b"), Some(SlotState::Suspended));
+    fn seen_slots_never_regress_within_a_round() {
+        use SlotState::*;
+        let copy = |slots: &[(&str, SlotState)]| {
+            let mut s = MiroirSnapshot::new(
+                "s",
+                MiroirSnapshotSpec {
+                    volume_name: "v".into(),
+                },
+            );
+            s.status = Some(MiroirSnapshotStatus {
+                per_node: Some(slots.iter().map(|(n, st)| (n.to_string(), *st)).collect()),
+                ..Default::default()
+            });
+            s
+        };
+        let mut seen = BTreeMap::from([("a".to_string(), Suspended)]);
+        // Own write masks a stale Pending.
+        let mut s = copy(&[("a", Pending), ("b", Pending)]);
+        merge_seen(&mut s, &mut seen);
+        assert_eq!(RoundView::of(&s).slot("a"), Some(Suspended));
+        // A newer copy advances what is known...
+        let mut s = copy(&[("a", Done), ("b", Done), ("c", Done)]);
+        merge_seen(&mut s, &mut seen);
+        // ...and an older copy read afterwards shows every leg Done (the bench's stale event).
+        let mut s = copy(&[("a", Done), ("b", Suspended), ("c", Pending)]);
+        merge_seen(&mut s, &mut seen);
+        for n in ["a", "b", "c"] {
+            assert_eq!(RoundView::of(&s).slot(n), Some(Done), "{n}");
+        }
     }
 
     #[test]
