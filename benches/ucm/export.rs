@@ -286,14 +286,14 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     let med = |v: &Vec<f64>| crate::report::median(v);
     let size = format!("{} GiB", bytes as f64 / (1u64 << 30) as f64);
     vec![
-        Figure::new(PHASE, "export.raw_vs_sendfile", &format!("raw download of a {size} file: ucm export-server (HTTPS)"), "MiB/s", s[0].clone())
+        Figure::new(PHASE, "export.raw_vs_sendfile", &format!("raw download of a {size} file: ucm export-server (HTTPS) vs nginx sendfile"), "MiB/s", s[0].clone())
             .reference(med(&s[1]), "nginx sendfile, plain HTTP, same file", true)
             .higher_is_better()
             .note("curl to /dev/null on the same 2 cores; TLS costs both the server and curl, sendfile over plain HTTP costs neither"),
-        Figure::new(PHASE, "export.raw_vs_nginx_tls", &format!("raw download of a {size} file: ucm export-server (HTTPS)"), "MiB/s", s[0].clone())
+        Figure::new(PHASE, "export.raw_vs_nginx_tls", &format!("raw download of a {size} file: ucm export-server (HTTPS) vs nginx HTTPS"), "MiB/s", s[0].clone())
             .reference(med(&s[2]), "nginx HTTPS (OpenSSL, no sendfile), same file and certificate", true)
             .higher_is_better(),
-        Figure::new(PHASE, "export.gzip_vs_pigz", &format!("gzip download of a {size} file: ucm export-server (parallel gzip, HTTPS)"), "MiB/s", s[3].clone())
+        Figure::new(PHASE, "export.gzip_vs_pigz", &format!("gzip download of a {size} file: ucm export-server (parallel gzip, HTTPS) vs pigz"), "MiB/s", s[3].clone())
             .reference(med(&s[4]), "pigz -6 to /dev/null, same file, 2 threads", true)
             .higher_is_better()
             .note("uncompressed bytes per second; both use level 6 on both cores, ucm also encrypts and curl decrypts"),
