@@ -314,7 +314,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
 
     // The gzip stream must be valid and round-trip to the source (vmexport.md §15 P2).
     let sha = |cmd: &str| {
-        let out = Command::new("sh").args(["-c", cmd]).output().expect("sh");
+        let out = Command::new("bash").args(["-c", cmd]).output().expect("sh");
         assert!(
             out.status.success(),
             "{cmd}: {}",
