@@ -113,6 +113,13 @@ async fn main() {
         .filter(|s| !s.trim().is_empty())
         .map(|s| s.split(',').map(|p| p.trim().to_string()).collect())
         .unwrap_or_else(|| PHASES.iter().map(|p| p.to_string()).collect());
+    // A phase without a section title would be measured but left out of results.md.
+    for p in PHASES {
+        assert!(
+            report::PHASE_TITLES.iter().any(|(q, _)| q == p),
+            "phase {p} has no section in report::PHASE_TITLES"
+        );
+    }
     for p in &only {
         assert!(
             PHASES.contains(&p.as_str()),

@@ -150,12 +150,16 @@ impl Results {
     }
 }
 
-const PHASE_TITLES: &[(&str, &str)] = &[
+pub const PHASE_TITLES: &[(&str, &str)] = &[
     ("bulk", "Bulk reconcile, memory, idle cost and start-up"),
     ("grpc", "Simulated exporters holding Status streams"),
     ("barrier", "Snapshot barrier"),
     ("failover", "Leader failover (default lease settings)"),
     ("export", "Export server throughput"),
+    (
+        "objects",
+        "Time to objects (a VirtualMachineExport's children)",
+    ),
 ];
 
 pub fn render_markdown(r: &Results, methods: &str) -> String {
