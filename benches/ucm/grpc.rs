@@ -21,8 +21,7 @@ use ucm::exporter::proto::jumpstarter::v1::controller_service_client::Controller
 use ucm::exporter::types::Exporter;
 
 use crate::Ctx;
-use crate::kube_util::{create_all, create_namespace, delete_namespace, track};
-use crate::procs::Proc;
+use crate::kube_util::{create_all, delete_namespace, track};
 use crate::report::Figure;
 
 const PHASE: &str = "grpc";
@@ -116,16 +115,7 @@ async fn exporter(
 
 pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     let n = ctx.scale.grpc_exporters;
-    let c = ctx.plane.admin.clone();
-    create_namespace(&c, NS).await;
-    let dir = ctx.work.join("grpc");
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut m = Proc::manager(
-        &ctx.plane.manager_kubeconfig,
-        dir.join("manager.log"),
-        &crate::bulk::manager_args(),
-    );
-    m.wait_ready(Duration::from_secs(120)).await;
+    let (c, mut m) = ctx.phase_manager("grpc", NS).await;
 
     let exporters: Api<Exporter> = Api::namespaced(c.clone(), NS);
     let names: Vec<String> = (0..n).map(|i| format!("sim-{i:04}")).collect();

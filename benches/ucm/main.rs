@@ -40,6 +40,24 @@ pub struct Ctx {
     pub export_bytes: u64,
 }
 
+impl Ctx {
+    /// A phase's namespace on the shared control plane, and a ready manager (the bulk settings)
+    /// logging to the phase's work directory.
+    pub async fn phase_manager(&self, phase: &str, ns: &str) -> (kube::Client, procs::Proc) {
+        let c = self.plane.admin.clone();
+        kube_util::create_namespace(&c, ns).await;
+        let dir = self.work.join(phase);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut m = procs::Proc::manager(
+            &self.plane.manager_kubeconfig,
+            dir.join("manager.log"),
+            &bulk::manager_args(),
+        );
+        m.wait_ready(Duration::from_secs(120)).await;
+        (c, m)
+    }
+}
+
 const PHASES: &[&str] = &["export", "barrier", "objects", "bulk", "grpc", "failover"];
 
 fn env_num<T: std::str::FromStr>(k: &str, default: T) -> T {

@@ -17,8 +17,6 @@ use ucm::vmexport::naming;
 use ucm::vmexport::types::VirtualMachineExport;
 
 use crate::Ctx;
-use crate::kube_util::create_namespace;
-use crate::procs::Proc;
 use crate::report::{Figure, median, percentile};
 
 const PHASE: &str = "objects";
@@ -79,16 +77,7 @@ async fn bound_pvc(client: &Client, name: &str) {
 }
 
 pub async fn run(ctx: &Ctx) -> Vec<Figure> {
-    let c = ctx.plane.admin.clone();
-    create_namespace(&c, NS).await;
-    let dir = ctx.work.join("objects");
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut m = Proc::manager(
-        &ctx.plane.manager_kubeconfig,
-        dir.join("manager.log"),
-        &crate::bulk::manager_args(),
-    );
-    m.wait_ready(Duration::from_secs(120)).await;
+    let (c, mut m) = ctx.phase_manager("objects", NS).await;
 
     let times = Arc::new(Mutex::new(HashMap::new()));
     let watches = [
