@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{free_port, http_get, signal};
+use crate::common::{free_port, http_get, signal, stop_child};
 
 /// The child gets SIGTERM when the bench driver dies, even without running its destructors
 /// (Ctrl-C, a kill): no manager, agent or server outlives a bench run.
@@ -161,16 +161,7 @@ impl Proc {
     /// SIGTERM (or SIGKILL) and wait for the exit.
     pub fn stop(&mut self, sig: &str) {
         if let Some(mut c) = self.child.take() {
-            signal(c.id(), sig);
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(60) {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+            stop_child(&mut c, sig, Duration::from_secs(60));
         }
     }
 }

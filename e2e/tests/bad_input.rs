@@ -529,16 +529,7 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            signal(c.id(), "TERM");
-            let start = std::time::Instant::now();
-            while start.elapsed() < Duration::from_secs(20) {
-                if let Ok(Some(_)) = c.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+            stop_child(&mut c, "TERM", Duration::from_secs(20));
         }
         if std::thread::panicking() {
             eprintln!("---- snapshot agent log ----\n{}", self.logs());

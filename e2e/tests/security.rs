@@ -61,16 +61,7 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            signal(c.id(), "TERM");
-            let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_secs(10) {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+            stop_child(&mut c, "TERM", Duration::from_secs(10));
         }
     }
 }

@@ -62,16 +62,7 @@ impl AgentProc {
 impl Drop for AgentProc {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            signal(c.id(), "TERM");
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(20) {
-                if let Ok(Some(_)) = c.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+            stop_child(&mut c, "TERM", Duration::from_secs(20));
         }
         if std::thread::panicking() {
             eprintln!("---- agent {} log ----\n{}", self.node, self.logs());

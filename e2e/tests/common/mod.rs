@@ -370,6 +370,13 @@ fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     })
 }
 
+/// Sends `sig` and waits up to `timeout` for the exit, then kills: how every spawned process
+/// (manager, agents, servers) is stopped.
+pub fn stop_child(child: &mut Child, sig: &str, timeout: Duration) {
+    signal(child.id(), sig);
+    wait_timeout(child, timeout);
+}
+
 /// The last `lines` lines of a log file (empty when unreadable), for failure messages.
 pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -599,8 +606,7 @@ impl Manager {
 impl Drop for Manager {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            signal(child.id(), "TERM");
-            wait_timeout(&mut child, Duration::from_secs(40));
+            stop_child(&mut child, "TERM", Duration::from_secs(40));
         }
         if std::thread::panicking() {
             eprintln!(
