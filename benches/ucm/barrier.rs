@@ -4,7 +4,6 @@
 //! (freeze, else suspend) to the end of the lift (thaw, else resume), minus that leg's cut time,
 //! as the fake barrier's event log records them. Rounds run one after the other.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kube::Api;
@@ -14,8 +13,7 @@ use ucm::snapshot::agent::barrier::fake::{self, FakeCluster, FakeVolume};
 use ucm::snapshot::types::{MiroirSnapshot, MiroirVolume};
 
 use crate::Ctx;
-use crate::cluster::SYSTEM_NS;
-use crate::procs::{Proc, ucm_bin};
+use crate::procs::Proc;
 use crate::report::{Figure, percentile};
 
 const PHASE: &str = "barrier";
@@ -86,34 +84,13 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             .unwrap()
             .set_len(16 << 20)
             .unwrap();
-        let pools = ndir.join("pools.yaml");
-        std::fs::write(
-            &pools,
-            format!(
-                "pools:\n  default: {{backend: loopfile, base: {}}}\n",
-                ndir.join("pool").display()
-            ),
-        )
-        .unwrap();
-        let mut cmd = Command::new(ucm_bin());
-        cmd.arg("snapshot-agent")
-            .arg(format!("--node-name={n}"))
-            .arg(format!(
-                "--kubeconfig={}",
-                ctx.plane.agent_kubeconfig.display()
-            ))
-            .arg(format!("--namespace={SYSTEM_NS}"))
-            .arg("--heartbeat-interval=2s")
-            .arg("--barrier=fake")
-            .arg(format!("--fake-barrier-dir={}", fake_dir.display()))
-            .arg(format!("--pools={}", pools.display()))
-            .arg("--loopfile-full-copy")
-            .arg(format!("--journal={}", ndir.join("journal.json").display()))
-            .arg("--metrics-bind-address=0")
-            .arg("--health-probe-bind-address=0")
-            .arg("--log-level=warn")
-            .env_remove("RUST_LOG");
-        agents.push(Proc::spawn(cmd, ndir.join("agent.log")));
+        agents.push(Proc::snapshot_agent(
+            &ctx.plane.agent_kubeconfig,
+            n,
+            &ndir,
+            &fake_dir,
+            &["--heartbeat-interval=2s"],
+        ));
     }
     let mut m = Proc::manager(
         &ctx.plane.manager_kubeconfig,
@@ -124,15 +101,8 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         ],
     );
     m.wait_ready(Duration::from_secs(60)).await;
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(c.clone(), SYSTEM_NS);
-    for n in &nodes {
-        let name = format!("ucm-snapshot-agent-{n}");
-        until("agent heartbeats", Duration::from_secs(60), async || {
-            leases.get_opt(&name).await.ok().flatten().is_some()
-        })
-        .await;
-    }
+    let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    crate::procs::wait_agent_leases(&c, &names).await;
     let volumes: Api<MiroirVolume> = Api::all(c.clone());
     let v: MiroirVolume = serde_json::from_value(json!({
         "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirVolume",

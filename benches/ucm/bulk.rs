@@ -19,11 +19,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
@@ -35,9 +33,9 @@ use ucm::snapshot::types::{MiroirSnapshot, MiroirVolume};
 use ucm::vmexport::VirtualMachineExport;
 
 use crate::Ctx;
-use crate::cluster::{Counts, Plane, SYSTEM_NS};
+use crate::cluster::{Counts, Plane};
 use crate::kube_util::{CONCURRENCY, create_all, create_namespace, list_all, track};
-use crate::procs::{Proc, cpu_secs, ucm_bin};
+use crate::procs::{Proc, cpu_secs};
 use crate::report::{Figure, median};
 
 const PHASE: &str = "bulk";
@@ -278,49 +276,17 @@ fn start_agents(p: &Plane, dir: &Path, prefix: &str, n: usize) -> Agents {
         for v in &volumes {
             std::fs::write(vdir.join(format!("{v}.img")), vec![7u8; 16 * 1024]).unwrap();
         }
-        let pools = ndir.join("pools.yaml");
-        std::fs::write(
-            &pools,
-            format!(
-                "pools:\n  default: {{backend: loopfile, base: {}}}\n",
-                ndir.join("pool").display()
-            ),
-        )
-        .unwrap();
-        let mut cmd = Command::new(ucm_bin());
-        cmd.arg("snapshot-agent")
-            .arg(format!("--node-name={node}"))
-            .arg(format!("--kubeconfig={}", p.agent_kubeconfig.display()))
-            .arg(format!("--namespace={SYSTEM_NS}"))
-            .arg("--barrier=fake")
-            .arg(format!("--fake-barrier-dir={}", fake_dir.display()))
-            .arg(format!("--pools={}", pools.display()))
-            .arg("--loopfile-full-copy")
-            .arg(format!("--journal={}", ndir.join("journal.json").display()))
-            .arg("--metrics-bind-address=0")
-            .arg("--health-probe-bind-address=0")
-            .arg("--log-level=warn")
-            .env_remove("RUST_LOG");
-        procs.push(Proc::spawn(cmd, ndir.join("agent.log")));
+        procs.push(Proc::snapshot_agent(
+            &p.agent_kubeconfig,
+            node,
+            &ndir,
+            &fake_dir,
+            &[],
+        ));
     }
     Agents {
         _procs: procs,
         volumes,
-    }
-}
-
-async fn wait_agent_leases(client: &Client) {
-    let leases: Api<KubeLease> = Api::namespaced(client.clone(), SYSTEM_NS);
-    for n in NODES {
-        let name = format!("ucm-snapshot-agent-{n}");
-        let start = Instant::now();
-        while leases.get_opt(&name).await.ok().flatten().is_none() {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "no heartbeat Lease {name}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
     }
 }
 
@@ -482,7 +448,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         let rss0 = m.rss() as f64;
         s.push("rss.zero", rss0 / (1 << 20) as f64);
         let agents = start_agents(&p, &dir, &run, sc.volumes);
-        wait_agent_leases(&c).await;
+        crate::procs::wait_agent_leases(&c, &NODES).await;
 
         // 3. Bulk: Exporters, VirtualMachineExports, MiroirSnapshots.
         let st = timed(

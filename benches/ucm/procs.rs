@@ -82,6 +82,42 @@ impl Proc {
         p
     }
 
+    /// `ucm snapshot-agent` for `node` with the fake barrier in `fake_dir`, a loopfile pool
+    /// under `ndir/pool` and its journal and log in `ndir`.
+    pub fn snapshot_agent(
+        kubeconfig: &Path,
+        node: &str,
+        ndir: &Path,
+        fake_dir: &Path,
+        extra: &[&str],
+    ) -> Proc {
+        let pools = ndir.join("pools.yaml");
+        std::fs::write(
+            &pools,
+            format!(
+                "pools:\n  default: {{backend: loopfile, base: {}}}\n",
+                ndir.join("pool").display()
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(ucm_bin());
+        cmd.arg("snapshot-agent")
+            .arg(format!("--node-name={node}"))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--namespace={}", crate::cluster::SYSTEM_NS))
+            .args(extra)
+            .arg("--barrier=fake")
+            .arg(format!("--fake-barrier-dir={}", fake_dir.display()))
+            .arg(format!("--pools={}", pools.display()))
+            .arg("--loopfile-full-copy")
+            .arg(format!("--journal={}", ndir.join("journal.json").display()))
+            .arg("--metrics-bind-address=0")
+            .arg("--health-probe-bind-address=0")
+            .arg("--log-level=warn")
+            .env_remove("RUST_LOG");
+        Proc::spawn(cmd, ndir.join("agent.log"))
+    }
+
     pub fn spawn(mut cmd: Command, log: PathBuf) -> Proc {
         die_with_parent(&mut cmd);
         let f = std::fs::File::create(&log).unwrap();
@@ -169,5 +205,22 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.stop("TERM");
+    }
+}
+
+/// Waits until every node's snapshot agent has written its heartbeat Lease.
+pub async fn wait_agent_leases(client: &kube::Client, nodes: &[&str]) {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client.clone(), crate::cluster::SYSTEM_NS);
+    for n in nodes {
+        let name = format!("ucm-snapshot-agent-{n}");
+        let start = Instant::now();
+        while leases.get_opt(&name).await.ok().flatten().is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no heartbeat Lease {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
