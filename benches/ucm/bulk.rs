@@ -93,7 +93,7 @@ fn exporter(name: &str, run: &str) -> Exporter {
 
 fn vmexport(name: &str, pvc: &str, run: &str) -> VirtualMachineExport {
     obj(json!({
-        "apiVersion": "export.kubevirt.io/v1beta1", "kind": "VirtualMachineExport",
+        "apiVersion": "export.kubevirt.io/v1", "kind": "VirtualMachineExport",
         "metadata": {"name": name, "labels": {LABEL: run}},
         "spec": {"source": {"kind": "PersistentVolumeClaim", "name": pvc}}
     }))

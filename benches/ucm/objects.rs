@@ -94,7 +94,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             let (name, pvc) = (format!("r{r}-x{i:02}"), format!("r{r}-d{i:02}"));
             bound_pvc(&c, &pvc).await;
             let vmx: VirtualMachineExport = serde_json::from_value(json!({
-                "apiVersion": "export.kubevirt.io/v1beta1", "kind": "VirtualMachineExport",
+                "apiVersion": "export.kubevirt.io/v1", "kind": "VirtualMachineExport",
                 "metadata": {"name": name},
                 "spec": {"source": {"apiGroup": "", "kind": "PersistentVolumeClaim", "name": pvc}}
             }))

@@ -93,7 +93,7 @@ impl Crd {
     }
 }
 
-/// `export.kubevirt.io/v1alpha1`: served with the same schema as v1beta1.
+/// `export.kubevirt.io/v1alpha1`: served (deprecated) with the same schema as v1.
 fn vmexport_alpha() -> ApiResource {
     let mut ar = Crd::VmExport.resource();
     ar.version = "v1alpha1".into();

@@ -542,7 +542,7 @@ async fn secrets_never_reach_logs_events_or_status() {
         .await
         .unwrap();
     let x: VirtualMachineExport = serde_json::from_value(json!({
-        "apiVersion": "export.kubevirt.io/v1beta1", "kind": "VirtualMachineExport",
+        "apiVersion": "export.kubevirt.io/v1", "kind": "VirtualMachineExport",
         "metadata": {"name": "x1"},
         "spec": {"source": {"kind": "PersistentVolumeClaim", "name": "disk"}}}))
     .unwrap();

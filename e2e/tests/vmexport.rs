@@ -54,7 +54,7 @@ async fn create_export(
         spec["ttlDuration"] = json!(t);
     }
     let e: VirtualMachineExport = serde_json::from_value(json!({
-        "apiVersion": "export.kubevirt.io/v1beta1",
+        "apiVersion": "export.kubevirt.io/v1",
         "kind": "VirtualMachineExport",
         "metadata": {"name": name},
         "spec": spec,
@@ -204,7 +204,7 @@ async fn e1_pvc_export_objects_ready_links_and_bridge() {
         let o = &owners[0];
         assert_eq!(
             (o.kind.as_str(), o.api_version.as_str(), o.name.as_str()),
-            ("VirtualMachineExport", "export.kubevirt.io/v1beta1", "e1")
+            ("VirtualMachineExport", "export.kubevirt.io/v1", "e1")
         );
         assert_eq!(
             (o.controller, o.block_owner_deletion),
@@ -756,7 +756,7 @@ async fn e10_e12_e16_validation_unsupported_and_alpha() {
         "{msg}"
     );
 
-    // v1alpha1 in, v1beta1 out
+    // v1alpha1 in, v1 (storage) out
     let ar = ApiResource {
         group: "export.kubevirt.io".into(),
         version: "v1alpha1".into(),
@@ -998,7 +998,7 @@ async fn e14_e15_e17_external_links_cert_params_and_gc() {
         "-----BEGIN CERTIFICATE-----\nEXTERNAL\n-----END CERTIFICATE-----"
     );
     let base = format!(
-        "https://proxy.example.test:8443/api/export.kubevirt.io/v1beta1/namespaces/{ns}/virtualmachineexports/x"
+        "https://proxy.example.test:8443/api/export.kubevirt.io/v1/namespaces/{ns}/virtualmachineexports/x"
     );
     let urls: Vec<_> = ext.volumes.unwrap()[0]
         .formats

@@ -27,7 +27,11 @@ use super::types::{
 // ---- API constants (UPSTREAM values unless marked) ----
 
 pub const GROUP: &str = "export.kubevirt.io";
-pub const OWNER_API_VERSION: &str = "export.kubevirt.io/v1beta1";
+/// The version the reconciler reads and writes exports with (the storage version). Owner
+/// references and links carry it, as KubeVirt's controller does with the version it uses; the
+/// API server serves every stored object in it (conversion `None`), whichever version a client
+/// wrote.
+pub const OWNER_API_VERSION: &str = "export.kubevirt.io/v1";
 pub const KIND: &str = "VirtualMachineExport";
 
 pub const PHASE_PENDING: &str = "Pending";

@@ -367,7 +367,7 @@ fn service_render() {
         (443, Some(IntOrString::Int(8443)))
     );
     let owner = &svc.metadata.owner_references.unwrap()[0];
-    assert_eq!(owner.api_version, "export.kubevirt.io/v1beta1");
+    assert_eq!(owner.api_version, "export.kubevirt.io/v1");
     assert_eq!(owner.block_owner_deletion, Some(true));
 }
 
@@ -681,7 +681,7 @@ fn links_external_and_snapshot_prefix() {
     assert_eq!(v.name, "rootdisk");
     assert_eq!(
         v.formats.as_ref().unwrap()[0].url,
-        "https://proxy.example.com:8443/api/export.kubevirt.io/v1beta1/namespaces/ns1/virtualmachineexports/e1/volumes/e1-rootdisk/disk.img"
+        "https://proxy.example.com:8443/api/export.kubevirt.io/v1/namespaces/ns1/virtualmachineexports/e1/volumes/e1-rootdisk/disk.img"
     );
     let m = ext.manifests.unwrap();
     assert_eq!(m[0].type_, "all");
@@ -779,7 +779,7 @@ fn manifest_configmap_cleans_the_vm_and_adds_datavolumes() {
     assert_eq!(d["internal_ca_cm"], "CA");
     assert_eq!(
         d["external_host"],
-        "https://proxy:443/api/export.kubevirt.io/v1beta1/namespaces/ns1/virtualmachineexports/e1"
+        "https://proxy:443/api/export.kubevirt.io/v1/namespaces/ns1/virtualmachineexports/e1"
     );
     assert_eq!(d["export-name"], "e1");
     let vmj: serde_json::Value = serde_json::from_str(&d["virtualmachine-manifest"]).unwrap();

@@ -27,19 +27,32 @@ use crate::runtime::{Feature, Runtime, cli::parse_go_duration};
 
 pub use types::{VirtualMachineExport, VirtualMachineExportSpec, VirtualMachineExportStatus};
 
-/// The CRDs this feature serves: VirtualMachineExport with `v1beta1` (storage) and `v1alpha1`
-/// (served, identical schema, conversion `None`).
+/// The CRDs this feature serves: VirtualMachineExport with `v1` (storage, as KubeVirt ≥ 1.9)
+/// and `v1beta1`, `v1alpha1` (served and deprecated with KubeVirt's warnings). The schemas are
+/// identical, so conversion is `None`: objects stored as v1beta1 read back as v1 unchanged.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     let mut crd = VirtualMachineExport::crd();
-    let mut alpha = crd.spec.versions[0].clone();
-    alpha.name = "v1alpha1".into();
-    alpha.storage = false;
-    alpha.served = true;
-    crd.spec.versions.push(alpha);
+    let v1 = crd.spec.versions[0].clone();
+    for name in ["v1beta1", "v1alpha1"] {
+        let mut old = v1.clone();
+        old.name = name.into();
+        old.storage = false;
+        old.served = true;
+        old.deprecated = Some(true);
+        old.deprecation_warning = Some(deprecation_warning(name));
+        crd.spec.versions.push(old);
+    }
     vec![crd]
 }
 
 // The manager's settings for this feature (vmexport.md §5).
+/// KubeVirt's wording for a deprecated version (`kubectl` prints it as `Warning: …`).
+pub fn deprecation_warning(version: &str) -> String {
+    format!(
+        "export.kubevirt.io/{version} VirtualMachineExport is now deprecated and will be removed in v2."
+    )
+}
+
 #[derive(Args, Debug, Clone)]
 // clap names the group after the struct; every feature's struct is `Settings`.
 #[group(id = "vmexport-settings")]
@@ -307,8 +320,41 @@ mod tests {
             .iter()
             .map(|v| (v.name.as_str(), v.served, v.storage))
             .collect();
-        assert_eq!(vs, [("v1beta1", true, true), ("v1alpha1", true, false)]);
-        assert_eq!(schema(crd, "v1beta1"), schema(crd, "v1alpha1"));
+        assert_eq!(
+            vs,
+            [
+                ("v1", true, true),
+                ("v1beta1", true, false),
+                ("v1alpha1", true, false)
+            ]
+        );
+        assert_eq!(schema(crd, "v1"), schema(crd, "v1beta1"));
+        assert_eq!(schema(crd, "v1"), schema(crd, "v1alpha1"));
+        let dep: Vec<_> = crd
+            .spec
+            .versions
+            .iter()
+            .map(|v| (v.deprecated, v.deprecation_warning.clone()))
+            .collect();
+        assert_eq!(
+            dep,
+            [
+                (None, None),
+                (
+                    Some(true),
+                    Some("export.kubevirt.io/v1beta1 VirtualMachineExport is now deprecated and will be removed in v2.".into())
+                ),
+                (
+                    Some(true),
+                    Some("export.kubevirt.io/v1alpha1 VirtualMachineExport is now deprecated and will be removed in v2.".into())
+                ),
+            ]
+        );
+        // Owner references and links carry the version the reconciler reads with.
+        assert_eq!(
+            build::OWNER_API_VERSION,
+            <VirtualMachineExport as kube::Resource>::api_version(&())
+        );
         for v in &crd.spec.versions {
             assert!(v.subresources.as_ref().unwrap().status.is_some());
             let cols: Vec<_> = v
@@ -337,7 +383,7 @@ mod tests {
 
     #[test]
     fn crd_schema_validation_and_list_types() {
-        let s = schema(&crds()[0], "v1beta1");
+        let s = schema(&crds()[0], "v1");
         assert_eq!(s["required"], json!(["spec"]));
         let spec = &s["properties"]["spec"];
         assert_eq!(spec["required"], json!(["source"]));

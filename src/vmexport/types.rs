@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "export.kubevirt.io",
-    version = "v1beta1",
+    version = "v1",
     kind = "VirtualMachineExport",
     namespaced,
     status = "VirtualMachineExportStatus",

@@ -581,7 +581,7 @@ impl World {
             spec["ttlDuration"] = json!(t);
         }
         let e: VirtualMachineExport = serde_json::from_value(json!({
-            "apiVersion": "export.kubevirt.io/v1beta1", "kind": "VirtualMachineExport",
+            "apiVersion": "export.kubevirt.io/v1", "kind": "VirtualMachineExport",
             "metadata": {"name": name}, "spec": spec,
         }))
         .unwrap();
