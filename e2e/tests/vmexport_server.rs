@@ -567,8 +567,15 @@ fn s6_unreadable_volume_reported_then_recovers() {
 #[test]
 fn s7_secret_manifest_json_yaml_and_external_404() {
     let s = start();
-    let j: serde_json::Value =
+    let list: serde_json::Value =
         serde_json::from_slice(&s.get("/internal/manifests/secret")).unwrap();
+    // KubeVirt answers with a `List` of one Secret.
+    assert_eq!(
+        (&list["apiVersion"], &list["kind"]),
+        (&"v1".into(), &"List".into())
+    );
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
+    let j = &list["items"][0];
     assert_eq!(j["kind"], "Secret");
     assert_eq!(j["metadata"]["name"], "header-secret-e1");
     assert_eq!(
@@ -583,8 +590,18 @@ fn s7_secret_manifest_json_yaml_and_external_404() {
         "Accept: application/yaml",
         &s.url("/internal/manifests/secret"),
     ]);
-    let y: serde_json::Value = serde_yaml::from_slice(&out.stdout).unwrap();
-    assert_eq!(y, j);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.ends_with("\n---\n"),
+        "every document is terminated: {text}"
+    );
+    let docs: Vec<&str> = text
+        .split("---\n")
+        .filter(|d| !d.trim().is_empty())
+        .collect();
+    assert_eq!(docs.len(), 1, "{text}");
+    let y: serde_json::Value = serde_yaml::from_str(docs[0]).unwrap();
+    assert_eq!(&y, j);
     assert_eq!(
         s.status(&["-H", &hdr(), &s.url("/external/manifests/secret")]),
         404
@@ -786,9 +803,11 @@ fn s7_all_manifest_from_manifest_data() {
     );
     assert_eq!(tpl["source"]["http"]["certConfigMap"], "export-ca-cm-e1");
     assert!(tpl.get("sourceRef").is_none());
+    // `files` is a directory volume: no gzip disk, so no URL (a disk.img.gz link would 404).
+    assert_eq!(items[2]["spec"]["source"]["http"]["url"], "");
     assert_eq!(
-        items[2]["spec"]["source"]["http"]["url"],
-        format!("{host}/volumes/files/disk.img.gz")
+        items[2]["spec"]["source"]["http"]["secretExtraHeaders"][0],
+        "header-secret-e1"
     );
     // YAML documents
     let out = s.curl(&[
@@ -800,7 +819,9 @@ fn s7_all_manifest_from_manifest_data() {
         &s.url("/internal/manifests/all"),
     ]);
     let text = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(text.matches("\n---\n").count(), 2, "{text}");
+    // Every document ends with `---`, as virt-exportserver writes them.
+    assert_eq!(text.matches("\n---\n").count(), 3, "{text}");
+    assert!(text.ends_with("\n---\n"), "{text}");
     // no external host configured
     assert_eq!(
         s.status(&["-H", &hdr(), &s.url("/external/manifests/all")]),

@@ -997,8 +997,8 @@ pub struct ManifestInput<'a> {
     pub export: &'a VirtualMachineExport,
     /// The VirtualMachine object (for snapshot sources, the copy in the snapshot content).
     pub vm: &'a serde_json::Value,
-    /// Claim name → requested size, for DataVolumes of non-template volumes.
-    pub sizes: &'a BTreeMap<String, String>,
+    /// Claim name → the source claim's spec, for DataVolumes of non-template volumes.
+    pub claims: &'a BTreeMap<String, k8s_openapi::api::core::v1::PersistentVolumeClaimSpec>,
     pub internal_cert: &'a str,
     pub external_host: Option<&'a str>,
     pub external_cert: &'a str,
@@ -1065,6 +1065,32 @@ pub fn build_manifest_configmap(
     }
     let meta = &m.vm["metadata"];
     let mut clean_meta = serde_json::Map::new();
+/// A DataVolume's `spec.storage` for a copy of `claim`, as KubeVirt builds it: access modes,
+/// volume mode and the requested size of the source, so a block claim imports as block.
+pub fn dv_storage(
+    claim: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec,
+) -> serde_json::Value {
+    let mut st = serde_json::Map::new();
+    if let Some(m) = claim.access_modes.as_ref().filter(|m| !m.is_empty()) {
+        st.insert("accessModes".into(), serde_json::json!(m));
+    }
+    if let Some(m) = &claim.volume_mode {
+        st.insert("volumeMode".into(), serde_json::json!(m));
+    }
+    if let Some(q) = claim
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+    {
+        st.insert(
+            "resources".into(),
+            serde_json::json!({"requests": {"storage": q.0}}),
+        );
+    }
+    serde_json::Value::Object(st)
+}
+
     for k in ["name", "namespace", "labels", "annotations"] {
         if let Some(v) = meta.get(k) {
             clean_meta.insert(k.into(), v.clone());
@@ -1121,15 +1147,16 @@ pub fn build_manifest_configmap(
         if templates.iter().any(|t| t == claim) {
             continue;
         }
-        let mut spec = json!({"storage": {}});
-        if let Some(size) = m.sizes.get(claim) {
-            spec["storage"] = json!({"resources": {"requests": {"storage": size}}});
-        }
+        let storage = m
+            .claims
+            .get(claim)
+            .map(dv_storage)
+            .unwrap_or_else(|| json!({}));
         let dv = json!({
             "apiVersion": "cdi.kubevirt.io/v1beta1",
             "kind": "DataVolume",
-            "metadata": {"name": claim},
-            "spec": spec,
+            "metadata": {"name": claim, "namespace": ns},
+            "spec": {"storage": storage},
         });
         data.insert(format!("dv-{claim}"), dv.to_string());
     }

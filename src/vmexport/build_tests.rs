@@ -762,11 +762,18 @@ fn manifest_configmap_cleans_the_vm_and_adds_datavolumes() {
         },
         "status": {"ready": true},
     });
-    let sizes = BTreeMap::from([("data".to_string(), "5Gi".to_string())]);
+    let claims = BTreeMap::from([(
+        "data".to_string(),
+        serde_json::from_value(serde_json::json!({
+            "accessModes": ["ReadWriteMany"], "volumeMode": "Block",
+            "resources": {"requests": {"storage": "5Gi"}},
+        }))
+        .unwrap(),
+    )]);
     let cm = build_manifest_configmap(&ManifestInput {
         export: &e,
         vm: &vm,
-        sizes: &sizes,
+        claims: &claims,
         internal_cert: "CA\n",
         external_host: Some("proxy:443"),
         external_cert: "EXT",
@@ -791,9 +798,17 @@ fn manifest_configmap_cleans_the_vm_and_adds_datavolumes() {
         "templates are not duplicated as DataVolumes"
     );
     let dv: serde_json::Value = serde_json::from_str(&d["dv-data"]).unwrap();
+    // KubeVirt copies access modes, volume mode and size, and sets the namespace.
     assert_eq!(
-        dv["spec"]["storage"]["resources"]["requests"]["storage"],
-        "5Gi"
+        dv,
+        serde_json::json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": "data", "namespace": "ns1"},
+            "spec": {"storage": {
+                "accessModes": ["ReadWriteMany"], "volumeMode": "Block",
+                "resources": {"requests": {"storage": "5Gi"}},
+            }},
+        })
     );
     // instancetypes must be expanded first
     let mut it = vm.clone();
@@ -802,7 +817,7 @@ fn manifest_configmap_cleans_the_vm_and_adds_datavolumes() {
         build_manifest_configmap(&ManifestInput {
             export: &e,
             vm: &it,
-            sizes: &sizes,
+            claims: &claims,
             internal_cert: "",
             external_host: None,
             external_cert: "",

@@ -36,15 +36,10 @@ pub(super) async fn ensure_manifest(
             }
         }
     }
-    let mut sizes = BTreeMap::new();
+    let mut claims = BTreeMap::new();
     for v in volumes {
         if let Some(p) = ctx.pvcs.get(&ObjectRef::new(&v.pvc).within(&ns))
-            && let Some(q) = p
-                .spec
-                .as_ref()
-                .and_then(|s| s.resources.as_ref())
-                .and_then(|r| r.requests.as_ref())
-                .and_then(|r| r.get("storage"))
+            && let Some(spec) = &p.spec
         {
             let claim = match kind {
                 SourceKind::VirtualMachineSnapshot => v
@@ -54,14 +49,14 @@ pub(super) async fn ensure_manifest(
                     .to_string(),
                 _ => v.pvc.clone(),
             };
-            sizes.insert(claim, q.0.clone());
+            claims.insert(claim, spec.clone());
         }
     }
     let ca = ctx.ca().await.map_err(|e| e.to_string())?;
     let input = ManifestInput {
         export,
         vm: &vm,
-        sizes: &sizes,
+        claims: &claims,
         internal_cert: &ca.cert,
         external_host: ctx.cfg.external_host.as_deref(),
         external_cert: &ctx.cfg.external_ca,

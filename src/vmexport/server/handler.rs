@@ -455,8 +455,14 @@ fn manifest(state: &Arc<State>, all: bool, external: bool, yaml: bool) -> Respon
     };
     if all {
         // The `all` manifest needs the manifest ConfigMap rendered by the reconciler.
-        return match super::manifest::all_manifest(dir, &name, external, &state.cfg.token_file) {
-            Ok(items) => render_items(items, yaml, true),
+        let gzip_uris = state
+            .cfg
+            .volumes
+            .iter()
+            .filter_map(|v| Some((v.name.clone(), v.gzip_uri.clone()?)))
+            .collect();
+        return match super::manifest::all_manifest(dir, &name, external, &gzip_uris) {
+            Ok(items) => render_items(items, yaml),
             Err(e) => {
                 tracing::error!(error = %e, "cannot build the VM manifest");
                 full(
@@ -476,17 +482,18 @@ fn manifest(state: &Arc<State>, all: bool, external: bool, yaml: bool) -> Respon
         "metadata": {"name": naming::header_secret_name(&name)},
         "stringData": {"token": format!("{TOKEN_HEADER}:{token}")},
     });
-    render_items(vec![secret], yaml, false)
+    render_items(vec![secret], yaml)
 }
 
-fn render_items(items: Vec<serde_json::Value>, yaml: bool, list: bool) -> Response<Body> {
+/// Both manifests as KubeVirt's server writes them: JSON is a `v1` `List` (the secret one too);
+/// YAML ends every document with `---`, so the `all` and secret bodies that virtctl prints back
+/// to back stay separate documents.
+fn render_items(items: Vec<serde_json::Value>, yaml: bool) -> Response<Body> {
     if yaml {
         let mut out = String::new();
-        for (i, it) in items.iter().enumerate() {
-            if i > 0 {
-                out.push_str("---\n");
-            }
+        for it in &items {
             out.push_str(&serde_yaml::to_string(it).unwrap_or_default());
+            out.push_str("---\n");
         }
         let mut r = full(StatusCode::OK, out);
         r.headers_mut().insert(
@@ -495,11 +502,7 @@ fn render_items(items: Vec<serde_json::Value>, yaml: bool, list: bool) -> Respon
         );
         r
     } else {
-        let body = if !list && items.len() == 1 {
-            items.into_iter().next().unwrap_or_default()
-        } else {
-            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items})
-        };
+        let body = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
         let mut r = full(StatusCode::OK, body.to_string());
         r.headers_mut().insert(
             header::CONTENT_TYPE,

@@ -22,11 +22,14 @@ fn parse(text: &str) -> anyhow::Result<Value> {
 }
 
 /// Items in order: CA ConfigMap, VM (DataVolume templates switched to an HTTP source), DataVolumes.
+/// `gzip_uris` maps a served volume's `<pvc>` segment to its `disk.img.gz` URI: as KubeVirt, a
+/// DataVolume's `http.url` is set only where such a URI exists (a directory volume has none, and
+/// pointing at one would import a 404).
 pub fn all_manifest(
     dir: &Path,
     export: &str,
     external: bool,
-    _token_file: &Path,
+    gzip_uris: &std::collections::BTreeMap<String, String>,
 ) -> anyhow::Result<Vec<Value>> {
     let (host_key, ca_key) = if external {
         ("external_host", "external_ca_cm")
@@ -47,8 +50,13 @@ pub fn all_manifest(
         "data": {"ca.pem": ca},
     })];
     let http_source = |pvc: &str| {
+        // CDI's `url` is not omitempty: KubeVirt writes "" where there is no gzip disk.
+        let url = gzip_uris
+            .get(&format!("{prefix}{pvc}"))
+            .map(|uri| format!("{host}{uri}"))
+            .unwrap_or_default();
         json!({"http": {
-            "url": format!("{host}/volumes/{prefix}{pvc}/disk.img.gz"),
+            "url": url,
             "certConfigMap": ca_cm_name,
             "secretExtraHeaders": [header_secret],
         }})
