@@ -808,7 +808,7 @@ async fn helm_chart_lints_renders_and_installs() {
     );
 }
 
-/// The manager's (and router's) rendered Pods are admitted by a namespace enforcing Pod Security
+/// The manager's (and router's and export proxy's) rendered Pods are admitted by a namespace enforcing Pod Security
 /// "restricted"; the snapshot agent's privileged Pod is refused there, which shows enforcement is
 /// really on.
 #[tokio::test]
@@ -853,6 +853,14 @@ async fn manager_pod_passes_pod_security_restricted() {
             find(&helmed, "Deployment", "ucm-controller-manager"),
         ),
         ("helm router", find(&helmed, "Deployment", "ucm-router")),
+        (
+            "kustomize export proxy",
+            find(&kustomized, "Deployment", "ucm-export-proxy"),
+        ),
+        (
+            "helm export proxy",
+            find(&helmed, "Deployment", "ucm-export-proxy"),
+        ),
     ];
     for (what, workload) in admitted {
         let pod = serde_json::to_string(&pod_from_template(workload, &env.ns)).unwrap();
@@ -1086,8 +1094,12 @@ fn manifest_flags_exist() {
         renders.push((target, kustomize(&root().join("config").join(target))));
     }
     let features = registered();
-    let agents: BTreeMap<&str, &str> =
-        [("router", "exporter"), ("snapshot-agent", "snapshot")].into();
+    let agents: BTreeMap<&str, &str> = [
+        ("router", "exporter"),
+        ("snapshot-agent", "snapshot"),
+        ("export-proxy", "vmexport"),
+    ]
+    .into();
     let mut missing = vec![];
     let mut unchecked = BTreeSet::new();
     for (what, docs) in renders {

@@ -304,7 +304,7 @@ async fn e1_pvc_export_objects_ready_links_and_bridge() {
     .await;
 
     // the pods the reconciler wrote run as they are: kubevirt and archive content
-    bridge(&c, &ns, &pod, &tok, &int_urls(&e1)).await;
+    bridge(&env, &pod, &tok, &int_urls(&e1)).await;
     let pod2 = Api::<Pod>::namespaced(c.clone(), &ns)
         .get("virt-export-e2")
         .await
@@ -314,7 +314,7 @@ async fn e1_pvc_export_objects_ready_links_and_bridge() {
         "token",
     ))
     .unwrap();
-    bridge(&c, &ns, &pod2, &tok2, &int_urls(&e2)).await;
+    bridge(&env, &pod2, &tok2, &int_urls(&e2)).await;
 }
 
 fn int_urls(e: &VirtualMachineExport) -> Vec<String> {
@@ -344,224 +344,322 @@ fn bridge_image(pvc: &str) -> Vec<u8> {
 /// Runs the rendered pod's command with its environment and volume mounts (each mount path
 /// mapped to a temp dir filled from the Secret, ConfigMap or a claim fixture it names) and
 /// downloads every internal link through it, checking each body. Returns the bodies by URL.
+///
+/// The manifests are also fetched as YAML and printed back to back (`all`, then the secret), as
+/// `virtctl vmexport download --manifest --include-secret` does, and that text must be accepted
+/// by `kubectl apply --dry-run=server` against the real API server.
 async fn bridge(
-    c: &Client,
-    ns: &str,
+    env: &TestEnv,
     pod: &Pod,
     token: &str,
     urls: &[String],
 ) -> BTreeMap<String, Vec<u8>> {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path();
-    let spec = pod.spec.clone().unwrap();
-    let ctr = &spec.containers[0];
-    let map = |p: &str| root.join(p.trim_start_matches('/'));
-    let mut envs: BTreeMap<String, String> = BTreeMap::new();
-    for e in ctr.env.clone().unwrap() {
-        let Some(v) = e.value else { continue };
-        let v = if e.name.ends_with("_EXPORT_PATH") || e.name.ends_with("_FILE") {
-            map(&v).to_string_lossy().into_owned()
-        } else {
-            v
-        };
-        envs.insert(e.name, v);
+    let b = Bridge::start(env, pod).await;
+    let ca = b.ca.clone();
+    b.check(env, token, urls, &ca, b.port).await
+}
+
+/// Waits until a started process listens on 127.0.0.1:`port`; fails with its log.
+fn wait_listening(port: u16, what: &str, log: &std::path::Path) {
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "{what} did not start: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
-    // claim fixtures, by the export path the pod mounts them at
-    let mut raw_by_path = BTreeMap::new();
-    for (k, v) in &envs {
-        if let Some(i) = k
-            .strip_prefix("VOLUME")
-            .and_then(|r| r.strip_suffix("_EXPORT_RAW_URI"))
-        {
-            let pvc = v.split('/').nth(2).unwrap().to_string();
-            raw_by_path.insert(envs[&format!("VOLUME{i}_EXPORT_PATH")].clone(), pvc);
+}
+
+/// The export server running the rendered pod's command (see `bridge`).
+struct Bridge {
+    _tmp: tempfile::TempDir,
+    child: std::process::Child,
+    /// The server's HTTPS port on 127.0.0.1.
+    port: u16,
+    /// The CA of the internal links (from the pod's certificate Secret).
+    ca: std::path::PathBuf,
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Bridge {
+    async fn start(env: &TestEnv, pod: &Pod) -> Bridge {
+        let (c, ns) = (&env.client, env.ns.as_str());
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let spec = pod.spec.clone().unwrap();
+        let ctr = &spec.containers[0];
+        let map = |p: &str| root.join(p.trim_start_matches('/'));
+        let mut envs: BTreeMap<String, String> = BTreeMap::new();
+        for e in ctr.env.clone().unwrap() {
+            let Some(v) = e.value else { continue };
+            let v = if e.name.ends_with("_EXPORT_PATH") || e.name.ends_with("_FILE") {
+                map(&v).to_string_lossy().into_owned()
+            } else {
+                v
+            };
+            envs.insert(e.name, v);
         }
-    }
-    for m in ctr.volume_mounts.clone().unwrap() {
-        let dir = map(&m.mount_path);
-        std::fs::create_dir_all(&dir).unwrap();
-        let vol = spec
+        // claim fixtures, by the export path the pod mounts them at
+        let mut raw_by_path = BTreeMap::new();
+        for (k, v) in &envs {
+            if let Some(i) = k
+                .strip_prefix("VOLUME")
+                .and_then(|r| r.strip_suffix("_EXPORT_RAW_URI"))
+            {
+                let pvc = v.split('/').nth(2).unwrap().to_string();
+                raw_by_path.insert(envs[&format!("VOLUME{i}_EXPORT_PATH")].clone(), pvc);
+            }
+        }
+        for m in ctr.volume_mounts.clone().unwrap() {
+            let dir = map(&m.mount_path);
+            std::fs::create_dir_all(&dir).unwrap();
+            let vol = spec
+                .volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|v| v.name == m.name)
+                .unwrap_or_else(|| panic!("mount {} names no pod volume", m.name));
+            assert_eq!(m.read_only, Some(true), "mount {} is read-only", m.name);
+            let files: BTreeMap<String, Vec<u8>> = if let Some(sec) = &vol.secret {
+                let s = get_secret(c, ns, sec.secret_name.as_deref().unwrap())
+                    .await
+                    .unwrap_or_else(|| panic!("Secret of volume {}", m.name));
+                s.data.unwrap().into_iter().map(|(k, v)| (k, v.0)).collect()
+            } else if let Some(cm) = &vol.config_map {
+                assert_eq!(
+                    m.mount_path, "/manifest_data",
+                    "the server reads the manifest data where the pod mounts it"
+                );
+                envs.insert(
+                    "MANIFEST_DATA_DIR".into(),
+                    dir.to_string_lossy().into_owned(),
+                );
+                Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.clone(), ns)
+                    .get(&cm.name)
+                    .await
+                    .unwrap()
+                    .data
+                    .unwrap()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into_bytes()))
+                    .collect()
+            } else if vol.persistent_volume_claim.is_some() {
+                let path = dir.to_string_lossy().into_owned();
+                match raw_by_path.get(&path) {
+                    Some(pvc) => BTreeMap::from([("disk.img".to_string(), bridge_image(pvc))]),
+                    None => {
+                        std::fs::create_dir_all(dir.join("lost+found")).unwrap();
+                        BTreeMap::from([
+                            ("a.txt".to_string(), b"archive a\n".to_vec()),
+                            ("sub/b.txt".to_string(), b"archive b\n".to_vec()),
+                        ])
+                    }
+                }
+            } else {
+                panic!("unexpected volume kind for mount {}", m.name)
+            };
+            for (k, v) in files {
+                let f = dir.join(k);
+                std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+                std::fs::write(f, v).unwrap();
+            }
+        }
+        assert!(
+            ctr.volume_devices.is_none(),
+            "the bridge maps filesystem volumes only"
+        );
+        let ca = root.join("bridge-ca.crt");
+        let cert_secret = spec
             .volumes
             .as_ref()
             .unwrap()
             .iter()
-            .find(|v| v.name == m.name)
-            .unwrap_or_else(|| panic!("mount {} names no pod volume", m.name));
-        assert_eq!(m.read_only, Some(true), "mount {} is read-only", m.name);
-        let files: BTreeMap<String, Vec<u8>> = if let Some(sec) = &vol.secret {
-            let s = get_secret(c, ns, sec.secret_name.as_deref().unwrap())
-                .await
-                .unwrap_or_else(|| panic!("Secret of volume {}", m.name));
-            s.data.unwrap().into_iter().map(|(k, v)| (k, v.0)).collect()
-        } else if let Some(cm) = &vol.config_map {
-            assert_eq!(
-                m.mount_path, "/manifest_data",
-                "the server reads the manifest data where the pod mounts it"
-            );
-            envs.insert(
-                "MANIFEST_DATA_DIR".into(),
-                dir.to_string_lossy().into_owned(),
-            );
-            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.clone(), ns)
-                .get(&cm.name)
-                .await
-                .unwrap()
-                .data
-                .unwrap()
-                .into_iter()
-                .map(|(k, v)| (k, v.into_bytes()))
-                .collect()
-        } else if vol.persistent_volume_claim.is_some() {
-            let path = dir.to_string_lossy().into_owned();
-            match raw_by_path.get(&path) {
-                Some(pvc) => BTreeMap::from([("disk.img".to_string(), bridge_image(pvc))]),
-                None => {
-                    std::fs::create_dir_all(dir.join("lost+found")).unwrap();
-                    BTreeMap::from([
-                        ("a.txt".to_string(), b"archive a\n".to_vec()),
-                        ("sub/b.txt".to_string(), b"archive b\n".to_vec()),
-                    ])
-                }
-            }
-        } else {
-            panic!("unexpected volume kind for mount {}", m.name)
-        };
-        for (k, v) in files {
-            let f = dir.join(k);
-            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-            std::fs::write(f, v).unwrap();
-        }
-    }
-    assert!(
-        ctr.volume_devices.is_none(),
-        "the bridge maps filesystem volumes only"
-    );
-    let ca = root.join("bridge-ca.crt");
-    let cert_secret = spec
-        .volumes
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|v| v.name == "certificates")
-        .and_then(|v| v.secret.as_ref()?.secret_name.clone())
-        .unwrap();
-    std::fs::write(
-        &ca,
-        data(&get_secret(c, ns, &cert_secret).await.unwrap(), "ca.crt"),
-    )
-    .unwrap();
-    let port = free_port();
-    envs.insert("LISTEN_ADDR".into(), format!("127.0.0.1:{port}"));
-    envs.insert("METRICS_ADDR".into(), format!("127.0.0.1:{}", free_port()));
-    assert_eq!(ctr.command.as_deref(), Some(&["ucm".to_string()][..]));
-    let log = root.join("server.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ucm"))
-        .args(ctr.args.clone().unwrap())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(&envs)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "export server did not start: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let curl = |url: &str| {
-        let host = url
-            .trim_start_matches("https://")
-            .split('/')
-            .next()
-            .unwrap()
-            .to_string();
-        let out = Command::new("curl")
-            .args([
-                "-sSfL",
-                "--cacert",
-                ca.to_str().unwrap(),
-                "--connect-to",
-                &format!("{host}:443:127.0.0.1:{port}"),
-                "-H",
-                &format!("x-kubevirt-export-token: {token}"),
-                url,
-            ])
-            .output()
+            .find(|v| v.name == "certificates")
+            .and_then(|v| v.secret.as_ref()?.secret_name.clone())
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{url}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    };
-    let pipe = |cmd: &str, args: &[&str], input: Vec<u8>| {
-        let mut p = Command::new(cmd)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+        std::fs::write(
+            &ca,
+            data(&get_secret(c, ns, &cert_secret).await.unwrap(), "ca.crt"),
+        )
+        .unwrap();
+        let port = free_port();
+        envs.insert("LISTEN_ADDR".into(), format!("127.0.0.1:{port}"));
+        envs.insert("METRICS_ADDR".into(), format!("127.0.0.1:{}", free_port()));
+        assert_eq!(ctr.command.as_deref(), Some(&["ucm".to_string()][..]));
+        let log = root.join("server.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_ucm"))
+            .args(ctr.args.clone().unwrap())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(&envs)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let mut stdin = p.stdin.take().unwrap();
-        let feeder = std::thread::spawn(move || {
-            use std::io::Write;
-            let _ = stdin.write_all(&input);
-        });
-        let out = p.wait_with_output().unwrap();
-        feeder.join().unwrap();
-        assert!(out.status.success(), "{cmd} {args:?} failed");
-        out.stdout
-    };
-    let mut bodies = BTreeMap::new();
-    for url in urls {
-        let body = curl(url);
-        let pvc = url
-            .split("/volumes/")
-            .nth(1)
-            .map(|r| r.split('/').next().unwrap());
-        if url.ends_with("/disk.img") {
-            assert_eq!(body, bridge_image(pvc.unwrap()), "{url}");
-        } else if url.ends_with("/disk.img.gz") {
-            assert_eq!(
-                pipe("gzip", &["-dc"], body.clone()),
-                bridge_image(pvc.unwrap()),
-                "{url}"
-            );
-        } else if url.ends_with("/disk.tar.gz") {
-            let list = String::from_utf8(pipe("tar", &["-tzf", "-"], body.clone())).unwrap();
-            assert!(
-                list.contains("./a.txt")
-                    && list.contains("./sub/b.txt")
-                    && !list.contains("lost+found"),
-                "{url}: {list}"
-            );
-        } else if url.ends_with("/dir") {
-            let listing = String::from_utf8_lossy(&body).into_owned();
-            assert!(
-                listing.contains("a.txt")
-                    && listing.contains("sub/")
-                    && !listing.contains("lost+found"),
-                "{url}: {listing}"
-            );
-            assert_eq!(curl(&format!("{url}/sub/b.txt")), b"archive b\n");
-        } else if url.ends_with("/manifests/secret") {
-            assert!(String::from_utf8_lossy(&body).contains(token), "{url}");
-        } else if url.ends_with("/manifests/all") {
-            let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            assert_eq!(list["kind"], "List", "{url}");
-        } else {
-            panic!("unexpected link {url}");
+        wait_listening(port, "export server", &log);
+        Bridge {
+            _tmp: tmp,
+            child,
+            port,
+            ca,
         }
-        bodies.insert(url.clone(), body);
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    bodies
+
+    /// Downloads every URL, its host connected to 127.0.0.1:`port` and verified against `ca`, with
+    /// the token in the header, and checks each body as a user would (gunzip, tar, listing). Raw
+    /// images are also fetched in two ranges. The manifests are applied with `--dry-run=server`.
+    async fn check(
+        &self,
+        env: &TestEnv,
+        token: &str,
+        urls: &[String],
+        ca: &std::path::Path,
+        port: u16,
+    ) -> BTreeMap<String, Vec<u8>> {
+        let ns = env.ns.as_str();
+        let curl_with = |url: &str, extra: &[&str]| {
+            let authority = url
+                .trim_start_matches("https://")
+                .split('/')
+                .next()
+                .unwrap()
+                .to_string();
+            let host = if authority.contains(':') {
+                authority
+            } else {
+                format!("{authority}:443")
+            };
+            let out = Command::new("curl")
+                .args([
+                    "-sSfL",
+                    "--cacert",
+                    ca.to_str().unwrap(),
+                    "--connect-to",
+                    &format!("{host}:127.0.0.1:{port}"),
+                    "-H",
+                    &format!("x-kubevirt-export-token: {token}"),
+                ])
+                .args(extra)
+                .arg(url)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{url}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
+        };
+        let curl = |url: &str| curl_with(url, &[]);
+        let pipe = |cmd: &str, args: &[&str], input: Vec<u8>| {
+            let mut p = Command::new(cmd)
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = p.stdin.take().unwrap();
+            let feeder = std::thread::spawn(move || {
+                use std::io::Write;
+                let _ = stdin.write_all(&input);
+            });
+            let out = p.wait_with_output().unwrap();
+            feeder.join().unwrap();
+            assert!(out.status.success(), "{cmd} {args:?} failed");
+            out.stdout
+        };
+        let mut bodies = BTreeMap::new();
+        for url in urls {
+            let body = curl(url);
+            let pvc = url
+                .split("/volumes/")
+                .nth(1)
+                .map(|r| r.split('/').next().unwrap());
+            if url.ends_with("/disk.img") {
+                let image = bridge_image(pvc.unwrap());
+                assert_eq!(body, image, "{url}");
+                // Range passes through: a middle range and the tail, as a resumed download asks.
+                assert_eq!(
+                    curl_with(url, &["-r", "1000-1999"]),
+                    image[1000..2000],
+                    "{url}"
+                );
+                let n = image.len();
+                assert_eq!(
+                    curl_with(url, &["-r", &format!("{}-", n - 100)]),
+                    image[n - 100..],
+                    "{url}"
+                );
+            } else if url.ends_with("/disk.img.gz") {
+                assert_eq!(
+                    pipe("gzip", &["-dc"], body.clone()),
+                    bridge_image(pvc.unwrap()),
+                    "{url}"
+                );
+            } else if url.ends_with("/disk.tar.gz") {
+                let list = String::from_utf8(pipe("tar", &["-tzf", "-"], body.clone())).unwrap();
+                assert!(
+                    list.contains("./a.txt")
+                        && list.contains("./sub/b.txt")
+                        && !list.contains("lost+found"),
+                    "{url}: {list}"
+                );
+            } else if url.ends_with("/dir") {
+                let listing = String::from_utf8_lossy(&body).into_owned();
+                assert!(
+                    listing.contains("a.txt")
+                        && listing.contains("sub/")
+                        && !listing.contains("lost+found"),
+                    "{url}: {listing}"
+                );
+                assert_eq!(curl(&format!("{url}/sub/b.txt")), b"archive b\n");
+            } else if url.ends_with("/manifests/secret") {
+                assert!(String::from_utf8_lossy(&body).contains(token), "{url}");
+            } else if url.ends_with("/manifests/all") {
+                let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(list["kind"], "List", "{url}");
+            } else {
+                panic!("unexpected link {url}");
+            }
+            bodies.insert(url.clone(), body);
+        }
+        let mut yaml = String::new();
+        for kind in ["/manifests/all", "/manifests/secret"] {
+            for url in urls.iter().filter(|u| u.ends_with(kind)) {
+                let body = curl_with(url, &["-H", "Accept: application/yaml"]);
+                yaml.push_str(&String::from_utf8(body).unwrap());
+            }
+        }
+        if !yaml.is_empty() {
+            let kc = env.kubeconfig.clone();
+            let ns = ns.to_string();
+            let text = yaml.clone();
+            let (ok, out) = tokio::task::spawn_blocking(move || {
+                common::kubectl(
+                    &kc,
+                    &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
+                    Some(&text),
+                )
+            })
+            .await
+            .unwrap();
+            assert!(
+                ok,
+                "kubectl apply --dry-run=server refused the manifests: {out}\n{yaml}"
+            );
+            assert!(out.contains("header-secret-"), "{out}");
+        }
+        bodies
+    }
 }
 
 #[tokio::test]
@@ -1865,6 +1963,8 @@ async fn e19_instancetypes_expanded_by_kubevirt_for_the_all_manifest() {
             "VirtualMachineSnapshotContent",
             "virtualmachinesnapshotcontents",
         ),
+        // the `all` manifest's DataVolumes are applied (dry run) as CDI's
+        ("cdi.kubevirt.io", "v1beta1", "DataVolume", "datavolumes"),
         (
             "snapshot.storage.k8s.io",
             "v1",
@@ -1952,7 +2052,7 @@ async fn e19_instancetypes_expanded_by_kubevirt_for_the_all_manifest() {
         "token",
     ))
     .unwrap();
-    let bodies = bridge(&c, &ns, &itx_pod, &tok, &int_urls(&itx)).await;
+    let bodies = bridge(&env, &itx_pod, &tok, &int_urls(&itx)).await;
     let all: serde_json::Value = serde_json::from_slice(
         &bodies[&format!("https://virt-export-itx.{ns}.svc/internal/manifests/all")],
     )
@@ -2036,4 +2136,418 @@ async fn e19_instancetypes_expanded_by_kubevirt_for_the_all_manifest() {
             .map(String::as_str),
         Some("/manifests/all")
     );
+}
+
+/// `ucm export-proxy` as a process, authenticated as the shipped proxy identity
+/// (config/rbac/vmexport/proxy_role.yaml bound to a ServiceAccount of the test namespace),
+/// forwarding every upstream to the bridged export server on 127.0.0.1:`upstream`.
+struct Proxy {
+    child: std::process::Child,
+    port: u16,
+    metrics: u16,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn proxy_identity(admin: &std::path::Path, ns: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let text =
+        std::fs::read_to_string(repo_root().join("config/rbac/vmexport/proxy_role.yaml")).unwrap();
+    let role: serde_json::Value = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .find(|d: &serde_json::Value| d["kind"] == "ClusterRole")
+        .unwrap();
+    let shared = format!("ucm-e2e-{ns}-export-proxy");
+    let docs = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ucm-export-proxy", "namespace": ns}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": shared}, "rules": role["rules"]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": shared},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": shared},
+         "subjects": [{"kind": "ServiceAccount", "name": "ucm-export-proxy", "namespace": ns}]},
+    ]});
+    let (ok, out) = kubectl(
+        admin,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=ucm-e2e",
+            "-f",
+            "-",
+        ],
+        Some(&docs.to_string()),
+    );
+    assert!(ok, "installing the proxy identity failed:\n{out}");
+    let (ok, token) = kubectl(
+        admin,
+        &[
+            "create",
+            "token",
+            "ucm-export-proxy",
+            "-n",
+            ns,
+            "--duration=1h",
+        ],
+        None,
+    );
+    assert!(ok, "{token}");
+    let mut kc: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
+    kc["users"] = json!([{"name": "proxy", "user": {"token": token.trim()}}]);
+    for ctx in kc["contexts"].as_array_mut().unwrap() {
+        ctx["context"]["user"] = "proxy".into();
+    }
+    let path = dir.join("kubeconfig-export-proxy");
+    std::fs::write(&path, serde_yaml::to_string(&kc).unwrap()).unwrap();
+    path
+}
+
+impl Proxy {
+    fn start(kubeconfig: &std::path::Path, ns: &str, port: u16, upstream: u16) -> Proxy {
+        let metrics = free_port();
+        let log = kubeconfig.with_file_name(format!("proxy-{port}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_ucm"))
+            .args([
+                "export-proxy",
+                &format!("--listen-address=127.0.0.1:{port}"),
+                &format!("--metrics-bind-address=127.0.0.1:{metrics}"),
+                &format!("--kubeconfig={}", kubeconfig.display()),
+                &format!("--namespace={ns}"),
+                &format!("--upstream-address=127.0.0.1:{upstream}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        wait_listening(port, "export proxy", &log);
+        Proxy {
+            child,
+            port,
+            metrics,
+            log,
+        }
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let out = Command::new("curl")
+            .args([
+                "-sSf",
+                &format!("http://127.0.0.1:{}/metrics", self.metrics),
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
+    /// The HTTP status of `url` through the proxy, with `extra` curl arguments (no token added).
+    fn status(&self, url: &str, ca: &std::path::Path, extra: &[&str]) -> u16 {
+        let authority = url
+            .trim_start_matches("https://")
+            .split('/')
+            .next()
+            .unwrap();
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--cacert",
+                ca.to_str().unwrap(),
+                "--connect-to",
+                &format!("{authority}:127.0.0.1:{}", self.port),
+            ])
+            .args(extra)
+            .arg(url)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().parse().unwrap()
+    }
+}
+
+fn link_urls(l: &ucm::vmexport::types::VirtualMachineExportLink) -> Vec<String> {
+    let mut urls: Vec<String> = l
+        .volumes
+        .iter()
+        .flatten()
+        .flat_map(|v| v.formats.iter().flatten().map(|f| f.url.clone()))
+        .collect();
+    urls.extend(l.manifests.iter().flatten().map(|m| m.url.clone()));
+    urls
+}
+
+/// Issue 18: what virtctl does with only `export.kubevirt.io/v1` (v1.9 and later) and with only
+/// `v1beta1` (v1.8): create a VM export with a token Secret of its own, wait for `phase=Ready`
+/// and links, download every format through the internal link and through `ucm export-proxy`
+/// (the external link; also under the v1beta1 and v1alpha1 paths), resume a download, apply the
+/// manifests with `--dry-run=server`, delete.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e20_v1_and_v1beta1_clients_internal_and_proxy_links() {
+    let env = TestEnv::new("vmx-e20").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    install_kubevirt_crds(&c).await;
+    // the `all` manifest's DataVolumes are applied (dry run) as CDI's
+    install_crd(
+        &c,
+        "cdi.kubevirt.io",
+        "v1beta1",
+        "DataVolume",
+        "datavolumes",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    // The export CA exists before the manager starts (it never overwrites one), so its
+    // certificate can be the external CA: the proxy issues its certificate from it.
+    let ca = ucm::vmexport::certs::new_ca(jiff::Timestamp::now()).unwrap();
+    let ca_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "ucm-export-ca"}, "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": ca.cert, "tls.key": ca.key},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(c.clone(), &ns)
+        .create(&PostParams::default(), &ca_secret)
+        .await
+        .unwrap();
+    let ca_file = dir.path().join("external-ca.crt");
+    std::fs::write(&ca_file, &ca.cert).unwrap();
+    let proxy_port = free_port();
+    let ext_host = format!("ucm-export-proxy.{ns}.svc:{proxy_port}");
+    let m = Manager::start(
+        ManagerOpts::new(&env.kubeconfig, &ns)
+            .only("vmexport")
+            .args([
+                format!("--export-external-host={ext_host}"),
+                format!("--export-external-ca-file={}", ca_file.display()),
+            ]),
+    );
+    m.wait_ready().await;
+    let proxy_kc = {
+        let (admin, ns, d) = (env.kubeconfig.clone(), ns.clone(), dir.path().to_path_buf());
+        tokio::task::spawn_blocking(move || proxy_identity(&admin, &ns, &d))
+            .await
+            .unwrap()
+    };
+    create_pvc(&c, &ns, "rootdisk", Some("kubevirt"), false).await;
+    create_pvc(&c, &ns, "data", None, false).await;
+    create_vm(
+        &c,
+        &ns,
+        "vm1",
+        json!([
+            {"name": "root", "persistentVolumeClaim": {"claimName": "rootdisk"}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+        ]),
+    )
+    .await;
+
+    for version in ["v1", "v1beta1"] {
+        let api = dynapi(
+            &c,
+            &ns,
+            "export.kubevirt.io",
+            version,
+            "VirtualMachineExport",
+            "virtualmachineexports",
+        );
+        let name = format!("flow-{version}");
+        let token = format!("token-of-{version}-0123456789abcdefghijklmnop");
+        create_dyn(
+            &api,
+            json!({
+                "apiVersion": format!("export.kubevirt.io/{version}"), "kind": "VirtualMachineExport",
+                "metadata": {"name": name},
+                "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "vm1"},
+                         "tokenSecretRef": format!("secret-{name}")},
+            }),
+        )
+        .await;
+        // virtctl creates its token Secret after the export
+        let tok_secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": format!("secret-{name}")}, "stringData": {"token": token},
+        }))
+        .unwrap();
+        Api::<Secret>::namespaced(c.clone(), &ns)
+            .create(&PostParams::default(), &tok_secret)
+            .await
+            .unwrap();
+        let pod_name = format!("virt-export-{name}");
+        eventually(WAIT, "the export Pod", || async {
+            Api::<Pod>::namespaced(c.clone(), &ns)
+                .get_opt(&pod_name)
+                .await
+                .unwrap()
+                .is_some()
+        })
+        .await;
+        mark_pod(&c, &ns, &pod_name, "Running", true).await;
+        // virtctl waits for phase=Ready and links, read through its own version only
+        let t0 = Instant::now();
+        let obj = loop {
+            let o = api.get(&name).await.unwrap();
+            if o.data["status"]["phase"] == "Ready"
+                && !o.data["status"]["links"]["external"].is_null()
+            {
+                break o;
+            }
+            assert!(
+                t0.elapsed() < WAIT,
+                "{name} not Ready with links: {:?}",
+                o.data["status"]
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(
+            obj.types.as_ref().unwrap().api_version,
+            format!("export.kubevirt.io/{version}")
+        );
+        let links: ucm::vmexport::types::VirtualMachineExportLinks =
+            serde_json::from_value(obj.data["status"]["links"].clone()).unwrap();
+        let (int, ext) = (links.internal.unwrap(), links.external.unwrap());
+        assert_eq!(ext.cert, ca.cert.trim());
+        let int_urls = link_urls(&int);
+        let ext_urls = link_urls(&ext);
+        let base = format!(
+            "https://{ext_host}/api/export.kubevirt.io/v1/namespaces/{ns}/virtualmachineexports/{name}"
+        );
+        let int_base = format!("https://virt-export-{name}.{ns}.svc");
+        assert_eq!(
+            ext_urls,
+            int_urls
+                .iter()
+                .map(|u| u
+                    .replace(&int_base, &base)
+                    .replace("/internal/manifests/", "/external/manifests/"))
+                .collect::<Vec<_>>()
+        );
+        let formats: Vec<&str> = ext_urls
+            .iter()
+            .map(|u| u.rsplit('/').next().unwrap())
+            .collect();
+        assert_eq!(
+            formats,
+            [
+                "disk.img",
+                "disk.img.gz",
+                "dir",
+                "disk.tar.gz",
+                "all",
+                "secret"
+            ],
+            "every format and both manifests"
+        );
+
+        let pod = Api::<Pod>::namespaced(c.clone(), &ns)
+            .get(&pod_name)
+            .await
+            .unwrap();
+        let b = Bridge::start(&env, &pod).await;
+        b.check(&env, &token, &int_urls, &b.ca, b.port).await;
+
+        let proxy = Proxy::start(&proxy_kc, &ns, proxy_port, b.port);
+        let bodies = b.check(&env, &token, &ext_urls, &ca_file, proxy_port).await;
+        // KubeVirt's proxy scheme of every served version reaches the same export
+        let raw = ext_urls.iter().find(|u| u.ends_with("/disk.img")).unwrap();
+        let alt: Vec<String> = ["v1beta1", "v1alpha1"]
+            .iter()
+            .map(|v| {
+                raw.replace(
+                    "/export.kubevirt.io/v1/",
+                    &format!("/export.kubevirt.io/{v}/"),
+                )
+            })
+            .collect();
+        b.check(&env, &token, &alt, &ca_file, proxy_port).await;
+        // the proxy checks the token as the export server does
+        let hdr = format!("x-kubevirt-export-token: {token}");
+        assert_eq!(proxy.status(raw, &ca_file, &[]), 401);
+        assert_eq!(
+            proxy.status(raw, &ca_file, &["-H", "x-kubevirt-export-token: wrong"]),
+            401
+        );
+        assert_eq!(
+            proxy.status(
+                &format!("{raw}?x-kubevirt-export-token={token}"),
+                &ca_file,
+                &[]
+            ),
+            200
+        );
+        assert_eq!(proxy.status(raw, &ca_file, &["-H", &hdr]), 200);
+        let other = raw.replace(
+            &format!("/virtualmachineexports/{name}/"),
+            "/virtualmachineexports/nope/",
+        );
+        assert_eq!(proxy.status(&other, &ca_file, &["-H", &hdr]), 404);
+        // a download cut short resumes through the proxy (`curl -C -`)
+        let image = bridge_image("rootdisk");
+        let part = dir.path().join(format!("partial-{version}.img"));
+        std::fs::write(&part, &image[..70_000]).unwrap();
+        let authority = raw
+            .trim_start_matches("https://")
+            .split('/')
+            .next()
+            .unwrap();
+        let out = Command::new("curl")
+            .args([
+                "-sSf",
+                "--cacert",
+                ca_file.to_str().unwrap(),
+                "--connect-to",
+                &format!("{authority}:127.0.0.1:{proxy_port}"),
+                "-H",
+                &hdr,
+                "-C",
+                "-",
+                "-o",
+                part.to_str().unwrap(),
+                raw,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(std::fs::read(&part).unwrap(), image, "resumed download");
+        // metrics: every body byte counted, nothing left in flight
+        let received: usize = bodies.values().map(Vec::len).sum();
+        assert!(
+            proxy.metric("ucm_export_proxy_bytes_forwarded_total") >= received as f64,
+            "{}",
+            std::fs::read_to_string(&proxy.log).unwrap_or_default()
+        );
+        eventually(WAIT, "no active downloads", || async {
+            proxy.metric("ucm_export_proxy_active_downloads") == 0.0
+        })
+        .await;
+        let log = std::fs::read_to_string(&proxy.log).unwrap();
+        assert!(!log.contains(&token), "the proxy logged the token");
+        drop(proxy);
+        drop(b);
+
+        // virtctl vmexport delete, through the same version; the Pod goes with it (and frees
+        // the claims for the next flow)
+        api.delete(&name, &Default::default()).await.unwrap();
+        eventually(WAIT, "the export and its Pod to be gone", || async {
+            api.get_opt(&name).await.unwrap().is_none()
+                && Api::<Pod>::namespaced(c.clone(), &ns)
+                    .get_opt(&pod_name)
+                    .await
+                    .unwrap()
+                    .is_none()
+        })
+        .await;
+    }
 }

@@ -573,6 +573,65 @@ pub fn links_from_pod(pod: &Pod, s: &LinkSettings) -> VirtualMachineExportLinks 
     }
 }
 
+/// The external host from an Ingress that routes to the export proxy's Service, as KubeVirt finds
+/// its proxy's Ingress: a default backend on the Service (host of the first rule), else the first
+/// rule with a path to it. Also returns the TLS Secret listed for that host, if any.
+pub fn external_from_ingresses<'a>(
+    ingresses: impl IntoIterator<Item = &'a k8s_openapi::api::networking::v1::Ingress>,
+    service: &str,
+) -> Option<(String, Option<String>)> {
+    let mut found: Vec<(String, String, Option<String>)> = Vec::new();
+    for ing in ingresses {
+        let Some(spec) = &ing.spec else { continue };
+        let to_proxy = |b: &k8s_openapi::api::networking::v1::IngressBackend| {
+            b.service.as_ref().is_some_and(|s| s.name == service)
+        };
+        let rules = spec.rules.as_deref().unwrap_or_default();
+        let host = if spec.default_backend.as_ref().is_some_and(to_proxy) {
+            rules.first().and_then(|r| r.host.clone())
+        } else {
+            rules
+                .iter()
+                .find(|r| {
+                    r.http
+                        .as_ref()
+                        .is_some_and(|h| h.paths.iter().any(|p| to_proxy(&p.backend)))
+                })
+                .and_then(|r| r.host.clone())
+        };
+        let Some(host) = host.filter(|h| !h.is_empty()) else {
+            continue;
+        };
+        let secret = spec
+            .tls
+            .iter()
+            .flatten()
+            .find(|t| t.hosts.as_ref().is_some_and(|hs| hs.contains(&host)))
+            .and_then(|t| t.secret_name.clone());
+        found.push((ing.metadata.name.clone().unwrap_or_default(), host, secret));
+    }
+    // Deterministic when several match: the first by name.
+    found.sort();
+    found.into_iter().next().map(|(_, h, s)| (h, s))
+}
+
+/// The CA users should trust for an Ingress TLS Secret: `ca.crt` if present, else the last
+/// certificate of the `tls.crt` chain (the one closest to the root; a self-signed certificate is
+/// its own).
+pub fn ingress_ca(secret: &k8s_openapi::api::core::v1::Secret) -> String {
+    let d = secret.data.clone().unwrap_or_default();
+    let text = |k: &str| d.get(k).map(|b| String::from_utf8_lossy(&b.0).into_owned());
+    if let Some(ca) = text("ca.crt").filter(|c| !c.trim().is_empty()) {
+        return ca.trim().to_string();
+    }
+    let chain = text("tls.crt").unwrap_or_default();
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    match chain.rfind(BEGIN) {
+        Some(i) => chain[i..].trim().to_string(),
+        None => String::new(),
+    }
+}
+
 fn volume_name_from_uri(uri: &str) -> Option<String> {
     let rest = uri.strip_prefix("/volumes/")?;
     let (name, _) = rest.split_once('/')?;
@@ -1006,6 +1065,32 @@ pub struct ManifestInput<'a> {
     pub volume_prefix: Option<String>,
 }
 
+/// A DataVolume's `spec.storage` for a copy of `claim`, as KubeVirt builds it: access modes,
+/// volume mode and the requested size of the source, so a block claim imports as block.
+pub fn dv_storage(
+    claim: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec,
+) -> serde_json::Value {
+    let mut st = serde_json::Map::new();
+    if let Some(m) = claim.access_modes.as_ref().filter(|m| !m.is_empty()) {
+        st.insert("accessModes".into(), serde_json::json!(m));
+    }
+    if let Some(m) = &claim.volume_mode {
+        st.insert("volumeMode".into(), serde_json::json!(m));
+    }
+    if let Some(q) = claim
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+    {
+        st.insert(
+            "resources".into(),
+            serde_json::json!({"requests": {"storage": q.0}}),
+        );
+    }
+    serde_json::Value::Object(st)
+}
+
 /// KubeVirt's API that expands instancetypes and preferences into a VM spec (§4).
 pub const EXPAND_API: &str = "subresources.kubevirt.io/v1";
 
@@ -1065,32 +1150,6 @@ pub fn build_manifest_configmap(
     }
     let meta = &m.vm["metadata"];
     let mut clean_meta = serde_json::Map::new();
-/// A DataVolume's `spec.storage` for a copy of `claim`, as KubeVirt builds it: access modes,
-/// volume mode and the requested size of the source, so a block claim imports as block.
-pub fn dv_storage(
-    claim: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec,
-) -> serde_json::Value {
-    let mut st = serde_json::Map::new();
-    if let Some(m) = claim.access_modes.as_ref().filter(|m| !m.is_empty()) {
-        st.insert("accessModes".into(), serde_json::json!(m));
-    }
-    if let Some(m) = &claim.volume_mode {
-        st.insert("volumeMode".into(), serde_json::json!(m));
-    }
-    if let Some(q) = claim
-        .resources
-        .as_ref()
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-    {
-        st.insert(
-            "resources".into(),
-            serde_json::json!({"requests": {"storage": q.0}}),
-        );
-    }
-    serde_json::Value::Object(st)
-}
-
     for k in ["name", "namespace", "labels", "annotations"] {
         if let Some(v) = meta.get(k) {
             clean_meta.insert(k.into(), v.clone());

@@ -891,3 +891,66 @@ fn a_service_of_another_export_is_a_conflict() {
     orphan.metadata.owner_references = None;
     assert!(service_conflict(&orphan, &first).is_some());
 }
+
+#[test]
+fn external_host_from_the_proxy_ingress() {
+    use k8s_openapi::api::networking::v1::Ingress;
+    let ing = |name: &str, spec: serde_json::Value| -> Ingress {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "spec": spec}))
+            .unwrap()
+    };
+    let other = ing(
+        "a-other",
+        serde_json::json!({"rules": [{"host": "other.example", "http": {"paths": [{"path": "/", "pathType": "Prefix",
+            "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}),
+    );
+    let by_path = ing(
+        "b-proxy",
+        serde_json::json!({
+        "tls": [{"hosts": ["x.example"], "secretName": "x-tls"}, {"hosts": ["vmexport.example"], "secretName": "proxy-tls"}],
+        "rules": [
+            {"host": "web.example", "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}},
+            {"host": "vmexport.example", "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "ucm-export-proxy", "port": {"number": 443}}}}]}},
+        ]}),
+    );
+    let default_backend = ing(
+        "c-default",
+        serde_json::json!({"defaultBackend": {"service": {"name": "ucm-export-proxy", "port": {"number": 443}}},
+            "rules": [{"host": "d.example"}]}),
+    );
+    assert_eq!(external_from_ingresses([&other], "ucm-export-proxy"), None);
+    assert_eq!(
+        external_from_ingresses([&other, &by_path], "ucm-export-proxy"),
+        Some((
+            "vmexport.example".to_string(),
+            Some("proxy-tls".to_string())
+        ))
+    );
+    assert_eq!(
+        external_from_ingresses([&default_backend], "ucm-export-proxy"),
+        Some(("d.example".to_string(), None))
+    );
+    // several: the first by name
+    assert_eq!(
+        external_from_ingresses([&default_backend, &by_path], "ucm-export-proxy")
+            .unwrap()
+            .0,
+        "vmexport.example"
+    );
+    let secret = |data: serde_json::Value| -> k8s_openapi::api::core::v1::Secret {
+        serde_json::from_value(serde_json::json!({"data": data})).unwrap()
+    };
+    use base64::Engine;
+    let b = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let chain = "-----BEGIN CERTIFICATE-----\nLEAF\n-----END CERTIFICATE-----\n-----BEGIN CERTIFICATE-----\nISSUER\n-----END CERTIFICATE-----\n";
+    assert_eq!(
+        ingress_ca(&secret(serde_json::json!({"tls.crt": b(chain)}))),
+        "-----BEGIN CERTIFICATE-----\nISSUER\n-----END CERTIFICATE-----"
+    );
+    assert_eq!(
+        ingress_ca(&secret(
+            serde_json::json!({"tls.crt": b(chain), "ca.crt": b("CA\n")})
+        )),
+        "CA"
+    );
+}

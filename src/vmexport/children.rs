@@ -53,13 +53,14 @@ pub(super) async fn ensure_manifest(
         }
     }
     let ca = ctx.ca().await.map_err(|e| e.to_string())?;
+    let external = ctx.external().await;
     let input = ManifestInput {
         export,
         vm: &vm,
         claims: &claims,
         internal_cert: &ca.cert,
-        external_host: ctx.cfg.external_host.as_deref(),
-        external_cert: &ctx.cfg.external_ca,
+        external_host: external.as_ref().map(|e| e.0.as_str()),
+        external_cert: external.as_ref().map(|e| e.1.as_str()).unwrap_or_default(),
         volume_prefix: (kind == SourceKind::VirtualMachineSnapshot)
             .then(|| format!("{}-", export.name_any())),
     };

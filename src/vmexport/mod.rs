@@ -9,6 +9,7 @@ pub mod duration;
 pub mod naming;
 pub mod optional;
 pub mod podcache;
+pub mod proxy;
 pub mod reconcile;
 pub mod server;
 pub mod sources;
@@ -45,7 +46,6 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![crd]
 }
 
-// The manager's settings for this feature (vmexport.md §5).
 /// KubeVirt's wording for a deprecated version (`kubectl` prints it as `Warning: …`).
 pub fn deprecation_warning(version: &str) -> String {
     format!(
@@ -53,6 +53,7 @@ pub fn deprecation_warning(version: &str) -> String {
     )
 }
 
+// The manager's settings for this feature (vmexport.md §5).
 #[derive(Args, Debug, Clone)]
 // clap names the group after the struct; every feature's struct is `Settings`.
 #[group(id = "vmexport-settings")]
@@ -231,10 +232,14 @@ pub fn rbac() -> Vec<PolicyRule> {
     ]
 }
 
-/// The export CA Secret lives in the manager's namespace (§7.4.1).
+/// In the manager's namespace: the Ingress that routes to `ucm export-proxy` gives the external
+/// host of the links. (The CA Secret there is covered by the cluster-wide secrets rule.)
 pub fn namespaced_rbac() -> Vec<PolicyRule> {
-    // The CA Secret in the manager's namespace is covered by the cluster-wide secrets rule.
-    Vec::new()
+    vec![rule(
+        &["networking.k8s.io"],
+        &["ingresses"],
+        &["get", "list", "watch"],
+    )]
 }
 
 fn start(
@@ -273,7 +278,7 @@ pub static FEATURE: Feature = Feature {
     namespaced_rbac,
     settings: <Settings as Args>::augment_args,
     start,
-    agents: &[agent::AGENT],
+    agents: &[agent::AGENT, proxy::AGENT],
 };
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -77,6 +78,9 @@ pub struct Context {
     pub pods: Store<Pod>,
     pub claims: Arc<ClaimIndex>,
     pub pvcs: Store<PersistentVolumeClaim>,
+    /// Ingresses in the manager's namespace: the one routing to `ucm export-proxy` gives the
+    /// external host when `--export-external-host` is not set.
+    pub ingresses: Store<Ingress>,
     pub optional: Arc<Optional>,
     ca: tokio::sync::Mutex<Option<Pem>>,
     pub ttl_deletions: IntCounter,
@@ -94,6 +98,33 @@ pub(super) fn object_ref(e: &VirtualMachineExport) -> ObjectReference {
 impl Context {
     pub(super) fn client(&self) -> kube::Client {
         self.writer.client().clone()
+    }
+
+    /// The external host and the CA users should trust: `--export-external-host` with
+    /// `--export-external-ca-file`, else the host of the Ingress that routes to the export proxy
+    /// with the CA of its TLS Secret ("" without TLS), as KubeVirt finds its proxy's Ingress.
+    pub(super) async fn external(&self) -> Option<(String, String)> {
+        if let Some(h) = &self.cfg.external_host {
+            return Some((h.clone(), self.cfg.external_ca.clone()));
+        }
+        let ings = self.ingresses.state();
+        let (host, secret) =
+            external_from_ingresses(ings.iter().map(|i| i.as_ref()), super::proxy::SERVICE)?;
+        let cert = match secret {
+            Some(name) => {
+                let api: Api<Secret> = Api::namespaced(self.client(), &self.cfg.manager_namespace);
+                match api.get_opt(&name).await {
+                    Ok(Some(s)) => ingress_ca(&s),
+                    Ok(None) => String::new(),
+                    Err(e) => {
+                        tracing::warn!(secret = %name, error = %e, "cannot read the proxy Ingress's TLS Secret");
+                        String::new()
+                    }
+                }
+            }
+            None => String::new(),
+        };
+        Some((host, cert))
     }
 
     /// The CA: read; on NotFound create; on AlreadyExists (another leader won) read again.
@@ -495,6 +526,7 @@ pub async fn reconcile(
     status.links = match (&status_pod, failure.is_none()) {
         (Some(p), true) if pod_state(p) == PodState::Ready => {
             let ca = ctx.ca().await?;
+            let external = ctx.external().await;
             Some(links_from_pod(
                 p,
                 &LinkSettings {
@@ -502,8 +534,8 @@ pub async fn reconcile(
                     export_name: name.clone(),
                     service_name: naming::service_name(&name),
                     internal_cert: ca.cert,
-                    external_host: ctx.cfg.external_host.clone(),
-                    external_cert: ctx.cfg.external_ca.clone(),
+                    external_cert: external.as_ref().map(|e| e.1.clone()).unwrap_or_default(),
+                    external_host: external.map(|e| e.0),
                     strip_prefix: (kind == SourceKind::VirtualMachineSnapshot)
                         .then(|| name.clone()),
                 },
@@ -675,6 +707,12 @@ pub async fn run(rt: Runtime, cfg: Config) {
         rt.watched(),
         watcher::Config::default(),
     );
+    // Only the manager's namespace: that is where the proxy and its Ingress live.
+    let (ingress_store, ingress_events) = rt.reflect::<Ingress>(
+        "vmexport-ingresses",
+        Api::namespaced(rt.client.clone(), &cfg.manager_namespace),
+        watcher::Config::default(),
+    );
     let controller = rt.controller::<VirtualMachineExport>(
         CONTROLLER,
         rt.watched(),
@@ -710,6 +748,7 @@ pub async fn run(rt: Runtime, cfg: Config) {
 
     let s1 = store.clone();
     let s2 = store.clone();
+    let s4 = store.clone();
     let controller = controller
         .reconcile_on(optional_triggers)
         .owns(
@@ -728,6 +767,13 @@ pub async fn run(rt: Runtime, cfg: Config) {
             out.extend(exports_of_kind(&s1, &ns, SourceKind::VirtualMachine, None));
             out
         })
+        // The external host changes with the proxy's Ingress: every export's links may change.
+        .watches_stream(ingress_events.boxed(), move |_: Ingress| {
+            s4.state()
+                .iter()
+                .map(|e| ObjectRef::from_obj(e.as_ref()))
+                .collect::<Vec<_>>()
+        })
         .watches_stream(pod_events.boxed(), move |pod: Pod| {
             let ns = pod.namespace().unwrap_or_default();
             let mut out: Vec<_> = owner_export(&pod.metadata).into_iter().collect();
@@ -744,6 +790,7 @@ pub async fn run(rt: Runtime, cfg: Config) {
         pods: pod_store,
         claims,
         pvcs: pvc_store,
+        ingresses: ingress_store,
         optional: optional_state,
         ca: tokio::sync::Mutex::new(None),
         ttl_deletions,

@@ -35,11 +35,15 @@ pub fn take_query_token(query: Option<&str>) -> (Option<String>, Option<String>)
 }
 
 pub fn check(token_file: &Path, presented: Option<&[u8]>) -> AuthResult {
-    let expected = match std::fs::read(token_file) {
-        Ok(t) => t,
-        Err(_) => return AuthResult::Error,
-    };
-    let expected = trim_ascii(&expected);
+    match std::fs::read(token_file) {
+        Ok(t) => check_token(&t, presented),
+        Err(_) => AuthResult::Error,
+    }
+}
+
+/// The same rule against a token already read (`ucm export-proxy` reads it from the Secret).
+pub fn check_token(expected: &[u8], presented: Option<&[u8]>) -> AuthResult {
+    let expected = trim_ascii(expected);
     let Some(got) = presented else {
         return AuthResult::Unauthorized;
     };

@@ -110,7 +110,7 @@ pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
     }
 }
 
-async fn serve_metrics(listener: TcpListener, registry: Registry) {
+pub async fn serve_metrics(listener: TcpListener, registry: Registry) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
@@ -131,6 +131,23 @@ async fn serve_metrics(listener: TcpListener, registry: Registry) {
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
+    }
+}
+
+/// The TLS handshake of an accepted connection, bounded to 30 s (only the handshake is timed:
+/// a download may take hours). `None` when it fails (logged at debug).
+pub async fn tls_accept(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    match tokio::time::timeout(Duration::from_secs(30), acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => Some(s),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => None,
     }
 }
 
@@ -188,14 +205,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 let state = Arc::clone(&state);
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
-                    let tls = match tokio::time::timeout(Duration::from_secs(30), acceptor.accept(tcp)).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => return,
-                    };
+                    let Some(tls) = tls_accept(&acceptor, tcp, peer).await else { return };
                     let svc = service_fn(move |req| {
                         let state = Arc::clone(&state);
                         async move { Ok::<_, std::convert::Infallible>(handler::handle(state, req).await) }

@@ -27,7 +27,25 @@ pub fn server_config(
     }
     let key = PrivateKeyDer::from_pem_file(key_file)
         .map_err(|e| anyhow::anyhow!("cannot read private key {}: {e}", key_file.display()))?;
+    build(certs, key, min_version, suites)
+}
 
+/// The same configuration from PEM text (`ucm export-proxy`'s certificate issued in memory).
+pub fn server_config_pem(cert: &str, key: &str) -> anyhow::Result<Arc<ServerConfig>> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("cannot parse certificate: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes())
+        .map_err(|e| anyhow::anyhow!("cannot parse private key: {e}"))?;
+    build(certs, key, None, None)
+}
+
+fn build(
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    min_version: Option<u16>,
+    suites: Option<&[u16]>,
+) -> anyhow::Result<Arc<ServerConfig>> {
     let mut provider = rustls::crypto::ring::default_provider();
     if let Some(ids) = suites {
         let keep: Vec<_> = provider

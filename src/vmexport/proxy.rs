@@ -1,0 +1,577 @@
+//! `ucm export-proxy`: the external entry point of VirtualMachineExport downloads, KubeVirt's
+//! `virt-exportproxy` URL scheme. It accepts
+//! `/api/export.kubevirt.io/<v1|v1beta1|v1alpha1>/namespaces/<ns>/virtualmachineexports/<name>/<rest>`,
+//! checks the export token as the export server does (header or query `x-kubevirt-export-token`,
+//! constant time, against the Secret in `status.tokenSecretRef`), and forwards `/<rest>` to
+//! `https://<status.serviceName>.<ns>.svc:443`, verifying the export server's certificate with
+//! the ucm export CA.
+//!
+//! Bodies are streamed both ways and no timer limits a request once its headers are in: a
+//! 100 GiB download is not cut by the proxy (upstream's route time-outs, kubevirt#18638). `Range`,
+//! `If-Range` and every other end-to-end header pass through unchanged, so `curl -C -` resumes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::{Args, FromArgMatches};
+use futures::future::BoxFuture;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+use super::build::{PHASE_READY, TOKEN_HEADER};
+use super::server::{auth, bind_listener, config::parse_addr, tls};
+use super::types::VirtualMachineExport;
+use crate::runtime::{Agent, cli::LogFormat, logging};
+use rustls::pki_types::pem::PemObject;
+
+pub const NAME: &str = "export-proxy";
+/// The proxy's Service in the shipped manifests; its self-issued certificate names it.
+pub const SERVICE: &str = "ucm-export-proxy";
+/// The versions of the external URL scheme the proxy accepts (KubeVirt's proxy accepts the
+/// versions its CRD serves).
+pub const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha1"];
+/// Validity of the certificate the proxy issues itself at start from the export CA.
+const CERT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+// `ucm export-proxy` flags; a plain comment so the subcommand keeps its about.
+#[derive(Args, Debug, Clone)]
+pub struct ProxyArgs {
+    /// HTTPS address of the proxy.
+    #[arg(long, default_value = ":8443", value_name = "ADDR")]
+    pub listen_address: String,
+
+    /// Plain-HTTP address of /metrics; 0 disables.
+    #[arg(long, default_value = ":8080", value_name = "ADDR")]
+    pub metrics_bind_address: String,
+
+    /// Path to a kubeconfig. Unset: KUBECONFIG, then ~/.kube/config, then in-cluster config.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<String>,
+
+    /// Namespace of the export CA Secret (the manager's namespace).
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        default_value = "default",
+        value_name = "NS"
+    )]
+    pub namespace: String,
+
+    /// The export CA Secret the manager keeps; it verifies the export servers and, without
+    /// --tls-cert-file, signs the proxy's own certificate.
+    #[arg(long, default_value = "ucm-export-ca", value_name = "NAME")]
+    pub export_ca_secret: String,
+
+    /// Serving certificate (PEM). Unset: one issued at start from the export CA for the Service
+    /// names of --service-name.
+    #[arg(long, requires = "tls_key_file", value_name = "PATH")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// Private key of --tls-cert-file.
+    #[arg(long, requires = "tls_cert_file", value_name = "PATH")]
+    pub tls_key_file: Option<PathBuf>,
+
+    /// The proxy's Service, named in the self-issued certificate.
+    #[arg(long, default_value = SERVICE, value_name = "NAME")]
+    pub service_name: String,
+
+    /// Connect every upstream to this address instead of the export's Service (TLS still checks
+    /// the Service name). For tests and benchmarks without cluster DNS.
+    #[arg(long, hide = true, value_name = "HOST:PORT")]
+    pub upstream_address: Option<String>,
+
+    /// Log filter directive. Default: RUST_LOG, else "info".
+    #[arg(long, value_name = "DIRECTIVE")]
+    pub log_level: Option<String>,
+
+    /// Log output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+fn command() -> clap::Command {
+    ProxyArgs::augment_args(clap::Command::new(NAME).about(
+        "Forward KubeVirt's external export URLs (/api/export.kubevirt.io/...) to the export servers",
+    ))
+}
+
+fn run(m: clap::ArgMatches) -> BoxFuture<'static, anyhow::Result<()>> {
+    Box::pin(async move {
+        let args = ProxyArgs::from_arg_matches(&m)?;
+        logging::init(args.log_level.as_deref(), args.log_format)
+            .map_err(|e| anyhow::anyhow!(e))?;
+        serve(args).await
+    })
+}
+
+pub const AGENT: Agent = Agent {
+    name: NAME,
+    command,
+    run,
+};
+
+/// Where a request goes, parsed from KubeVirt's external path.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Target<'a> {
+    pub version: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    /// The export server's path, starting with `/`.
+    pub rest: &'a str,
+}
+
+fn dns_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
+/// Parses `/api/export.kubevirt.io/<version>/namespaces/<ns>/virtualmachineexports/<name>/<rest>`.
+pub fn parse_path(path: &str) -> Option<Target<'_>> {
+    let p = path.strip_prefix("/api/export.kubevirt.io/")?;
+    let (version, p) = p.split_once('/')?;
+    if !VERSIONS.contains(&version) {
+        return None;
+    }
+    let p = p.strip_prefix("namespaces/")?;
+    let (namespace, p) = p.split_once('/')?;
+    let p = p.strip_prefix("virtualmachineexports/")?;
+    let (name, rest) = match p.find('/') {
+        Some(i) => (&p[..i], &p[i..]),
+        None => return None,
+    };
+    (dns_name(namespace) && dns_name(name) && rest.len() > 1).then_some(Target {
+        version,
+        namespace,
+        name,
+        rest,
+    })
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) are not forwarded; neither is the client's Host.
+fn end_to_end(h: &HeaderMap) -> HeaderMap {
+    let mut out = h.clone();
+    let listed: Vec<String> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
+        .collect();
+    for n in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "host",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(listed)
+    {
+        out.remove(n.as_str());
+    }
+    out
+}
+
+type Body = UnsyncBoxBody<Bytes, hyper::Error>;
+
+fn text(status: StatusCode, msg: &str) -> Response<Body> {
+    let mut r = Response::new(
+        Full::new(Bytes::from(msg.to_string()))
+            .map_err(|n| match n {})
+            .boxed_unsync(),
+    );
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// The proxy's metrics (same names scheme as the export server's).
+#[derive(Clone)]
+pub struct Metrics {
+    pub bytes: IntCounter,
+    pub active: IntGauge,
+    pub requests: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new(registry: &Registry) -> anyhow::Result<Metrics> {
+        let bytes = IntCounter::new(
+            "ucm_export_proxy_bytes_forwarded_total",
+            "Response body bytes forwarded from export servers to clients",
+        )?;
+        let active = IntGauge::new(
+            "ucm_export_proxy_active_downloads",
+            "Responses whose bodies are being streamed to clients",
+        )?;
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "ucm_export_proxy_requests_total",
+                "Requests by response status code",
+            ),
+            &["code"],
+        )?;
+        registry.register(Box::new(bytes.clone()))?;
+        registry.register(Box::new(active.clone()))?;
+        registry.register(Box::new(requests.clone()))?;
+        Ok(Metrics {
+            bytes,
+            active,
+            requests,
+        })
+    }
+}
+
+struct State {
+    client: kube::Client,
+    upstream_tls: tokio_rustls::TlsConnector,
+    upstream_address: Option<String>,
+    metrics: Metrics,
+}
+
+/// Decrements the active-download gauge when the response body is dropped (done or cut).
+struct Active(IntGauge);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let start = std::time::Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let resp = forward(&state, req).await;
+    let code = resp.status().as_u16().to_string();
+    state.metrics.requests.with_label_values(&[&code]).inc();
+    // The query may hold the token: never logged.
+    tracing::info!(%method, %path, status = resp.status().as_u16(), elapsed_ms = start.elapsed().as_millis() as u64, "request");
+    resp
+}
+
+async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let Some(t) = parse_path(&path) else {
+        return text(StatusCode::NOT_FOUND, "404 page not found\n");
+    };
+    let (query_token, rest_query) = auth::take_query_token(req.uri().query());
+    let presented = req
+        .headers()
+        .get(TOKEN_HEADER)
+        .map(|v| v.as_bytes().to_vec())
+        .or(query_token.map(String::into_bytes));
+    let Some(presented) = presented else {
+        return text(StatusCode::UNAUTHORIZED, "401 unauthorized\n");
+    };
+
+    let exports: Api<VirtualMachineExport> = Api::namespaced(state.client.clone(), t.namespace);
+    let export = match exports.get_opt(t.name).await {
+        Ok(Some(e)) => e,
+        Ok(None) => return text(StatusCode::NOT_FOUND, "404 page not found\n"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the export");
+            return text(StatusCode::BAD_GATEWAY, "cannot read the export\n");
+        }
+    };
+    let st = export.status.unwrap_or_default();
+    let (Some(service), Some(secret), Some(PHASE_READY)) = (
+        st.service_name.as_deref(),
+        st.token_secret_ref.as_deref(),
+        st.phase.as_deref(),
+    ) else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the export is not ready; wait for status.phase Ready\n",
+        );
+    };
+    let secrets: Api<Secret> = Api::namespaced(state.client.clone(), t.namespace);
+    let expected = match secrets.get_opt(secret).await {
+        Ok(s) => s
+            .and_then(|s| s.data)
+            .and_then(|d| d.get("token").map(|b| b.0.clone()))
+            .unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the export's token Secret");
+            return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
+        }
+    };
+    if auth::check_token(&expected, Some(&presented)) != auth::AuthResult::Ok {
+        return text(StatusCode::UNAUTHORIZED, "401 unauthorized\n");
+    }
+
+    let host = format!("{service}.{}.svc", t.namespace);
+    let addr = state
+        .upstream_address
+        .clone()
+        .unwrap_or_else(|| format!("{host}:443"));
+    let upstream = match connect(state, &host, &addr).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(%addr, error = %e, "cannot reach the export server");
+            return text(StatusCode::BAD_GATEWAY, "cannot reach the export server\n");
+        }
+    };
+    let pq = match rest_query {
+        Some(q) => format!("{}?{q}", t.rest),
+        None => t.rest.to_string(),
+    };
+    let (parts, body) = req.into_parts();
+    let mut out = Request::builder().method(parts.method).uri(pq);
+    if let Some(h) = out.headers_mut() {
+        *h = end_to_end(&parts.headers);
+        if let Ok(v) = HeaderValue::from_str(&host) {
+            h.insert(header::HOST, v);
+        }
+        // The export server checks the token too; the query form was removed from the URI.
+        if let Ok(v) = HeaderValue::from_bytes(&presented) {
+            h.insert(TOKEN_HEADER, v);
+        }
+    }
+    let Ok(out) = out.body(body) else {
+        return text(StatusCode::BAD_REQUEST, "bad request\n");
+    };
+    let (mut sender, conn) =
+        match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "HTTP handshake with the export server failed");
+                return text(StatusCode::BAD_GATEWAY, "cannot reach the export server\n");
+            }
+        };
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "upstream connection ended with an error");
+        }
+    });
+    let resp = match sender.send_request(out).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "the export server did not answer");
+            return text(
+                StatusCode::BAD_GATEWAY,
+                "the export server did not answer\n",
+            );
+        }
+    };
+    let (mut parts, body) = resp.into_parts();
+    parts.headers = end_to_end(&parts.headers);
+    // The export server redirects with absolute paths (`dir` without its trailing slash): keep
+    // the client under the external prefix.
+    if let Some(loc) = parts
+        .headers
+        .get(header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .filter(|l| l.starts_with('/') && !l.starts_with("//"))
+    {
+        let prefix = &path[..path.len() - t.rest.len()];
+        if let Ok(v) = HeaderValue::from_str(&format!("{prefix}{loc}")) {
+            parts.headers.insert(header::LOCATION, v);
+        }
+    }
+    state.metrics.active.inc();
+    let active = Active(state.metrics.active.clone());
+    let bytes = state.metrics.bytes.clone();
+    let body = body
+        .map_frame(move |f| {
+            let _hold = &active;
+            if let Some(d) = f.data_ref() {
+                bytes.inc_by(d.len() as u64);
+            }
+            f
+        })
+        .boxed_unsync();
+    Response::from_parts(parts, body)
+}
+
+async fn connect(
+    state: &State,
+    host: &str,
+    addr: &str,
+) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::TcpStream::connect(addr),
+    )
+    .await??;
+    let _ = tcp.set_nodelay(true);
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())?;
+    Ok(state.upstream_tls.connect(name, tcp).await?)
+}
+
+/// Reads the export CA (tls.crt, tls.key) the manager keeps, waiting for the manager to create it.
+async fn read_ca(client: &kube::Client, ns: &str, name: &str) -> super::certs::Pem {
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let mut logged = false;
+    loop {
+        match api.get_opt(name).await {
+            Ok(Some(s)) => {
+                let d = s.data.unwrap_or_default();
+                let get = |k: &str| d.get(k).map(|b| String::from_utf8_lossy(&b.0).into_owned());
+                if let (Some(cert), Some(key)) = (get("tls.crt"), get("tls.key")) {
+                    return super::certs::Pem { cert, key };
+                }
+                tracing::warn!(secret = %name, "the export CA Secret has no tls.crt/tls.key yet");
+            }
+            Ok(None) if !logged => {
+                tracing::info!(namespace = %ns, secret = %name, "waiting for the manager to create the export CA Secret");
+                logged = true;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read the export CA Secret"),
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
+    let client = crate::runtime::manager::client(args.kubeconfig.as_deref()).await?;
+    let ca = read_ca(&client, &args.namespace, &args.export_ca_secret).await;
+
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.cert.as_bytes()) {
+        roots.add(c?)?;
+    }
+    let mut client_cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    client_cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+
+    let server_cfg = match (&args.tls_cert_file, &args.tls_key_file) {
+        (Some(c), Some(k)) => tls::server_config(c, k, None, None)?,
+        _ => {
+            let pem = super::certs::issue_serving(
+                &ca,
+                &args.service_name,
+                &args.namespace,
+                jiff::Timestamp::now(),
+                CERT_VALIDITY,
+            )?;
+            tls::server_config_pem(&pem.cert, &pem.key)?
+        }
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
+
+    let registry = Registry::new();
+    let metrics = Metrics::new(&registry)?;
+    if args.metrics_bind_address != "0" {
+        let addr: SocketAddr =
+            parse_addr(&args.metrics_bind_address).map_err(anyhow::Error::msg)?;
+        let l = bind_listener(addr)?;
+        tokio::spawn(super::server::serve_metrics(l, registry.clone()));
+    }
+    let state = Arc::new(State {
+        client,
+        upstream_tls: tokio_rustls::TlsConnector::from(Arc::new(client_cfg)),
+        upstream_address: args.upstream_address.clone(),
+        metrics,
+    });
+    let addr = parse_addr(&args.listen_address).map_err(anyhow::Error::msg)?;
+    let listener = bind_listener(addr)?;
+    tracing::info!(addr = %listener.local_addr()?, "export proxy listening");
+    let shutdown = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {},
+            _ = tokio::signal::ctrl_c() => {},
+        }
+    };
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => {
+                tracing::info!("shutting down");
+                return Ok(());
+            }
+            accepted = listener.accept() => {
+                let Ok((tcp, peer)) = accepted else { continue };
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                let state = Arc::clone(&state);
+                tokio::spawn(async move {
+                    let Some(tls) = super::server::tls_accept(&acceptor, tcp, peer).await else { return };
+                    let svc = service_fn(move |req| {
+                        let state = Arc::clone(&state);
+                        async move { Ok::<_, std::convert::Infallible>(handle(state, req).await) }
+                    });
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn external_paths_of_every_version() {
+        for v in VERSIONS {
+            let p = format!(
+                "/api/export.kubevirt.io/{v}/namespaces/ns1/virtualmachineexports/e.1/volumes/d/disk.img"
+            );
+            assert_eq!(
+                parse_path(&p),
+                Some(Target {
+                    version: v,
+                    namespace: "ns1",
+                    name: "e.1",
+                    rest: "/volumes/d/disk.img"
+                })
+            );
+        }
+        let m = "/api/export.kubevirt.io/v1/namespaces/ns1/virtualmachineexports/e/external/manifests/all";
+        assert_eq!(parse_path(m).unwrap().rest, "/external/manifests/all");
+        for bad in [
+            "/api/export.kubevirt.io/v2/namespaces/ns1/virtualmachineexports/e/volumes/d/disk.img",
+            "/api/export.kubevirt.io/v1/namespaces/ns1/virtualmachineexports/e",
+            "/api/export.kubevirt.io/v1/namespaces/ns1/virtualmachineexports/e/",
+            "/api/export.kubevirt.io/v1/namespaces/NS/virtualmachineexports/e/x",
+            "/api/export.kubevirt.io/v1/namespaces/a%2Fb/virtualmachineexports/e/x",
+            "/api/export.kubevirt.io/v1/namespaces//virtualmachineexports/e/x",
+            "/volumes/d/disk.img",
+        ] {
+            assert_eq!(parse_path(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("keep-alive, x-drop"));
+        h.insert("x-drop", HeaderValue::from_static("1"));
+        h.insert("range", HeaderValue::from_static("bytes=10-"));
+        h.insert("if-range", HeaderValue::from_static("x"));
+        h.insert("host", HeaderValue::from_static("proxy"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        let out = end_to_end(&h);
+        let mut names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["if-range", "range"]);
+    }
+}
