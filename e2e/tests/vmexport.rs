@@ -2551,3 +2551,89 @@ async fn e20_v1_and_v1beta1_clients_internal_and_proxy_links() {
         .await;
     }
 }
+
+/// Issue 18: without --export-external-host, links.external comes from the Ingress in the
+/// manager's namespace that routes to Service ucm-export-proxy, with the CA of its TLS Secret,
+/// as KubeVirt finds its proxy's Ingress; it follows the Ingress (created, then deleted).
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e21_external_links_from_the_proxy_ingress() {
+    use k8s_openapi::api::networking::v1::Ingress;
+    let env = TestEnv::new("vmx-e21").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    let m = manager(&env);
+    m.wait_ready().await;
+    create_pvc(&c, &ns, "d", Some("kubevirt"), false).await;
+    create_export(&c, &ns, "x", pvc_source("d"), None)
+        .await
+        .unwrap();
+    wait_phase(&c, &ns, "x", "Pending", "PodPending").await;
+    mark_pod(&c, &ns, "virt-export-x", "Running", true).await;
+    let e = wait_phase(&c, &ns, "x", "Ready", "PodReady").await;
+    assert!(
+        e.status.unwrap().links.unwrap().external.is_none(),
+        "no external host, no Ingress: no external links"
+    );
+
+    let tls = ucm::vmexport::certs::new_ca(jiff::Timestamp::now()).unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "proxy-tls"}, "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": tls.cert, "tls.key": tls.key},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(c.clone(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let ing: Ingress = serde_json::from_value(json!({
+        "metadata": {"name": "vmexport"},
+        "spec": {
+            "tls": [{"hosts": ["vmexport.example.test"], "secretName": "proxy-tls"}],
+            "rules": [{"host": "vmexport.example.test", "http": {"paths": [{
+                "path": "/api/export.kubevirt.io", "pathType": "Prefix",
+                "backend": {"service": {"name": "ucm-export-proxy", "port": {"number": 443}}}}]}}],
+        },
+    }))
+    .unwrap();
+    let ings: Api<Ingress> = Api::namespaced(c.clone(), &ns);
+    ings.create(&PostParams::default(), &ing).await.unwrap();
+    let exports: Api<VirtualMachineExport> = Api::namespaced(c.clone(), &ns);
+    let base = format!(
+        "https://vmexport.example.test/api/export.kubevirt.io/v1/namespaces/{ns}/virtualmachineexports/x"
+    );
+    eventually(WAIT, "external links from the Ingress", || async {
+        let e = exports.get("x").await.unwrap();
+        let Some(ext) = e.status.and_then(|s| s.links).and_then(|l| l.external) else {
+            return false;
+        };
+        assert_eq!(
+            ext.cert,
+            tls.cert.trim(),
+            "the CA of the Ingress TLS Secret"
+        );
+        let urls: Vec<_> = ext.volumes.unwrap()[0]
+            .formats
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|f| f.url)
+            .collect();
+        assert_eq!(
+            urls,
+            [
+                format!("{base}/volumes/d/disk.img"),
+                format!("{base}/volumes/d/disk.img.gz")
+            ]
+        );
+        true
+    })
+    .await;
+    ings.delete("vmexport", &Default::default()).await.unwrap();
+    eventually(WAIT, "external links gone with the Ingress", || async {
+        let e = exports.get("x").await.unwrap();
+        e.status
+            .and_then(|s| s.links)
+            .is_some_and(|l| l.external.is_none() && l.internal.is_some())
+    })
+    .await;
+}

@@ -436,5 +436,21 @@ mod tests {
         // A merge patch must carry links: null to remove stale links.
         let st = VirtualMachineExportStatus::default();
         assert_eq!(serde_json::to_value(&st).unwrap(), json!({"links": null}));
+        // and external links when only internal ones remain
+        let links = types::VirtualMachineExportLinks {
+            internal: Some(Default::default()),
+            external: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&links).unwrap()["external"],
+            serde_json::Value::Null
+        );
+        assert!(
+            serde_json::to_value(&links)
+                .unwrap()
+                .as_object()
+                .unwrap()
+                .contains_key("external")
+        );
     }
 }

@@ -106,7 +106,9 @@ pub struct Condition {
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineExportLinks {
     /// VirtualMachineExportLink contains a list of volumes available for export, as well as the URLs to obtain these volumes
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Serialised even when None, as `status.links`: external links go away (null in the merge
+    // patch) when the external host does (the proxy's Ingress is deleted).
+    #[serde(default)]
     pub external: Option<VirtualMachineExportLink>,
     /// VirtualMachineExportLink contains a list of volumes available for export, as well as the URLs to obtain these volumes
     #[serde(default, skip_serializing_if = "Option::is_none")]
