@@ -442,6 +442,16 @@ async fn read_ca(client: &kube::Client, ns: &str, name: &str) -> super::certs::P
 }
 
 pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
+    // Metrics first: the liveness probe watches this port while the proxy waits for the CA,
+    // which the manager creates with its first export.
+    let registry = Registry::new();
+    let metrics = Metrics::new(&registry)?;
+    if args.metrics_bind_address != "0" {
+        let addr: SocketAddr =
+            parse_addr(&args.metrics_bind_address).map_err(anyhow::Error::msg)?;
+        let l = bind_listener(addr)?;
+        tokio::spawn(super::server::serve_metrics(l, registry.clone()));
+    }
     let client = crate::runtime::manager::client(args.kubeconfig.as_deref()).await?;
     let ca = read_ca(&client, &args.namespace, &args.export_ca_secret).await;
 
@@ -472,14 +482,6 @@ pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
 
-    let registry = Registry::new();
-    let metrics = Metrics::new(&registry)?;
-    if args.metrics_bind_address != "0" {
-        let addr: SocketAddr =
-            parse_addr(&args.metrics_bind_address).map_err(anyhow::Error::msg)?;
-        let l = bind_listener(addr)?;
-        tokio::spawn(super::server::serve_metrics(l, registry.clone()));
-    }
     let state = Arc::new(State {
         client,
         upstream_tls: tokio_rustls::TlsConnector::from(Arc::new(client_cfg)),
