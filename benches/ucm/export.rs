@@ -374,7 +374,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             .reference(med(&s[2]), "nginx HTTPS (OpenSSL, no sendfile), same file and certificate", true)
             .higher_is_better(),
         Figure::new(PHASE, "export.proxy_vs_direct", &format!("raw download of a {size} file through ucm export-proxy (KubeVirt's external URL) vs directly from the export server"), "MiB/s", s[5].clone())
-            .reference(med(&s[0]), "the same raw download straight from ucm export-server, same run", true)
+            .reference(med(&s[0]), "the same raw download straight from ucm export-server", true)
             .higher_is_better()
             .note("goal ≥ 90 % of direct (issue 18); the proxy terminates TLS and re-encrypts to the server, so the 2 cores carry two TLS hops plus curl; token checked against the export's Secret on the API server"),
         Figure::new(PHASE, "export.gzip_vs_pigz", &format!("gzip download of a {size} file: ucm export-server (parallel gzip, HTTPS) vs pigz"), "MiB/s", s[3].clone())
