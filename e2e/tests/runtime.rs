@@ -154,7 +154,8 @@ async fn missing_crd_fails_readiness_naming_it_and_the_feature_starts_once_appli
     let client = client_for(&own.kubeconfig).await;
     let ns = create_namespace(&client, "nocrd").await;
     let f = feature();
-    let crd = (f.crds)()
+    let crd = f
+        .installed_crds()
         .into_iter()
         .next()
         .expect("the feature owns a CRD");
@@ -180,7 +181,7 @@ async fn missing_crd_fails_readiness_naming_it_and_the_feature_starts_once_appli
     );
 
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in (f.crds)() {
+    for crd in f.installed_crds() {
         apply_crd(&crds, &crd).await;
     }
     m.wait_ready().await;

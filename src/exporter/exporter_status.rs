@@ -26,6 +26,7 @@ pub const REASON_WITHIN_30: &str = "ExpiresWithin30Days";
 pub const REASON_VALID: &str = "Valid";
 /// OURS: the object's name leaves no room for its credential Secret's name.
 pub const REASON_CREDENTIAL_NAME_TOO_LONG: &str = "CredentialNameTooLong";
+pub const REASON_SECRET_CONFLICT: &str = "SecretConflict";
 
 const DAY: i64 = 86_400;
 
@@ -200,6 +201,19 @@ pub fn credential_name_too_long(kind: &str, name: &str, suffix: &str) -> Option<
             ),
         )
     })
+}
+
+/// The credential Secret's name is taken by a Secret this object does not control: ucm leaves
+/// it untouched (it may belong to something else) and issues no credential until it is gone.
+pub fn secret_conflict(kind: &str, namespace: &str, secret: &str) -> Desired<'static> {
+    Desired::new(
+        TOKEN_EXPIRING,
+        true,
+        REASON_SECRET_CONFLICT,
+        format!(
+            "No credential can be issued: Secret {namespace}/{secret} already exists and is not controlled by this {kind}; ucm leaves it untouched. Delete or rename that Secret, or recreate the {kind} under another name"
+        ),
+    )
 }
 
 /// `TokenExpiring` as upstream's `token_expiry.go` words it. `remaining` keeps `now`'s fraction

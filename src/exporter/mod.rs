@@ -129,7 +129,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
     // so a pass a Lease change triggers always reads that change.
     let (active_leases, lease_changes) = rt.reflect(
         "exporter-leases",
-        rt.watched::<Lease>(),
+        rt.watched::<Guarded<Lease>>(),
         active_lease_watch(),
     );
     let ctx = Arc::new(reconcile::Ctx {
@@ -139,6 +139,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         key,
         metrics,
         active_leases,
+        invalid_objects: rt.metrics.invalid_objects_total.clone(),
         stale_exporters: Default::default(),
     });
 
@@ -156,7 +157,11 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         .watches_stream(secret_changes(&rt), |s: PartialObjectMeta<Secret>| {
             credential_owners::<Exporter>(&s.metadata, "Exporter", "-exporter")
         })
-        .watches_stream(lease_changes, |lease: Lease| {
+        .watches_stream(lease_changes, |lease: Guarded<Lease>| {
+            // An unreadable Lease names no exporter anyone can trust.
+            let Ok(lease) = lease.0 else {
+                return Vec::new();
+            };
             let ns = lease.metadata.namespace.clone().unwrap_or_default();
             let by_status = lease
                 .status
@@ -175,6 +180,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
                 .into_iter()
                 .chain(by_owner)
                 .map(move |name| ObjectRef::<Guarded<Exporter>>::new(&name).within(&ns))
+                .collect()
         });
     rt.metrics
         .registry
@@ -192,9 +198,13 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
     );
     let lease_store = lease_ctl.store();
     let lease_ctl = lease_ctl.watches(
-        rt.watched::<Exporter>(),
+        rt.watched::<Guarded<Exporter>>(),
         watcher::Config::default(),
-        move |exporter: Exporter| {
+        move |exporter: Guarded<Exporter>| {
+            // An unreadable Exporter is no candidate; its own pass reports it.
+            let Ok(exporter) = exporter.0 else {
+                return Vec::new();
+            };
             let ns = exporter.metadata.namespace.clone().unwrap_or_default();
             let name = exporter.metadata.name.clone().unwrap_or_default();
             let labels = exporter.metadata.labels.clone().unwrap_or_default();

@@ -187,7 +187,7 @@ pub async fn run(
 async fn run_feature(f: &'static Feature, rt: Runtime, matches: clap::ArgMatches) {
     let check = f.check_name();
     let crds: Api<CustomResourceDefinition> = Api::all(rt.client.clone());
-    for crd in (f.crds)() {
+    for crd in f.installed_crds() {
         let name = crd.name_any();
         let set = |msg: String| rt.health.set(&check, Err(msg));
         if !wait_established(&crds, &name, f.name, &rt.shutdown, set).await {

@@ -201,7 +201,10 @@ pub async fn client_for(kubeconfig: &Path) -> Client {
 /// Installs every ucm CRD with SSA (field manager `ucm-e2e`) and waits until Established.
 pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crds: Vec<_> = ucm::FEATURES.iter().flat_map(|f| (f.crds)()).collect();
+    let crds: Vec<_> = ucm::FEATURES
+        .iter()
+        .flat_map(|f| f.installed_crds())
+        .collect();
     for crd in &crds {
         apply_crd(&api, crd).await;
     }
