@@ -25,7 +25,6 @@ pub const INVALID: &str = "Invalid";
 pub const ENDED_LABEL: &str = "jumpstarter.dev/lease-ended";
 pub const ENDED_VALUE: &str = "true";
 
-const MAX_PENDING_REQUEUE: Duration = Duration::from_secs(30);
 const MAX_DESCRIPTIONS: usize = 4096;
 
 /// What the assignment step decided (§6.2).
@@ -553,20 +552,6 @@ fn gate_suffix<'a>(exporters: impl Iterator<Item = &'a Exporter>) -> String {
     out
 }
 
-/// §6.4: 1 s with no Pending condition; else from 1 s doubling while below the time elapsed
-/// since `Pending.lastTransitionTime`, capped at 30 s.
-pub fn pending_backoff(pending_since: Option<Timestamp>, now: Timestamp) -> Duration {
-    let Some(since) = pending_since else {
-        return Duration::from_secs(1);
-    };
-    let elapsed: Duration = now.duration_since(since).try_into().unwrap_or_default();
-    let mut backoff = Duration::from_secs(1);
-    while backoff < MAX_PENDING_REQUEUE && backoff < elapsed {
-        backoff *= 2;
-    }
-    backoff.min(MAX_PENDING_REQUEUE)
-}
-
 /// The result of one Lease pass (§6.2, §6.5).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseOutcome {
@@ -642,8 +627,9 @@ pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestam
                     generation,
                     &stamp,
                 );
-                let since = conditions::find(&conds, PENDING).map(|c| c.last_transition_time.0);
-                requeue_after = Some(pending_backoff(since, now));
+                // OURS (issue 21): no timer. What a pending lease waits for (an exporter
+                // freed, online, ready or relabelled; a policy or its client changed) brings
+                // its next pass; a timer per pending lease kept the queue busy for ever.
             }
             Some(Assignment::Assign {
                 exporter,

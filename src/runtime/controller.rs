@@ -101,7 +101,7 @@ fn hash_spec_or_foreign_status<K: Resource>(obj: &Guarded<K>, ours: &str) -> Opt
 /// The hash [`Trigger::AnyChangeExceptStatus`] compares: the object as JSON without the ignored
 /// status fields, resourceVersion and managedFields. An object that failed to deserialize hashes
 /// its resourceVersion, so every change of it passes.
-fn hash_except_status<K: serde::Serialize + Resource>(
+pub fn hash_except_status<K: serde::Serialize + Resource>(
     obj: &Guarded<K>,
     ignored: &[&str],
 ) -> Option<u64> {
