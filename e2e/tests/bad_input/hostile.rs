@@ -347,11 +347,21 @@ async fn children_ucm_did_not_create_are_left_alone() {
         },
     )
     .await;
-    let vmy = api(c, &Crd::VmExport.resource(), Some(ns))
-        .get("vmy")
-        .await
-        .unwrap();
-    assert_eq!(vmy.data["status"]["tokenSecretRef"], "mine");
+    // The status is written at the end of the pass that created the Pod.
+    let exports = api(c, &Crd::VmExport.resource(), Some(ns));
+    eventually(
+        TIMEOUT,
+        "vmy's status.tokenSecretRef to be mine",
+        || async {
+            exports
+                .get_opt("vmy")
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|e| e.data["status"]["tokenSecretRef"] == "mine")
+        },
+    )
+    .await;
     // Some passes later: still no Pod for vmx, and no Secret was touched.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
