@@ -10,8 +10,9 @@
 //!
 //! Idle cost: the holder sends one request per retry period (a replace carrying the
 //! resourceVersion of its own last write; a GET only after a conflict) and a standby sends none
-//! (it decides from what its watch shows). A watch event is an echo of our own write when we
-//! lead and it names us: it wakes nothing, or every renewal would trigger the next at once.
+//! (it decides from what its watch shows, and steps at once when the Lease is released). The
+//! holder is woken by no watch event: they echo its own writes, and stepping on them renewed
+//! again at once.
 
 use std::{
     sync::{Arc, Mutex, atomic::Ordering},
@@ -299,24 +300,25 @@ impl State {
 /// What a watch event of the Lease means to the elector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wake {
-    /// An echo of our own renewal while leading: nothing to do (stepping would renew again).
+    /// Nothing to do. The holder ignores its watch: its events are echoes of its own
+    /// renewals (stepping on them renewed again at once, hundreds of times a second) or stale
+    /// (the initial list can predate our first write). Nobody else can take the Lease before
+    /// it expires, and by then the renew deadline has already stopped our writes; a deleted or
+    /// edited Lease shows up as an error or conflict at the next renewal.
     Ignore,
     /// Remember it (a standby's view of the holder's renewals), decide at the next step.
     Note,
-    /// Decide now: the Lease is free or gone, or someone else took it from us.
+    /// Decide now: the Lease is free or gone.
     Step,
 }
 
-fn wake(shown: Option<&Lease>, identity: &str, leading: bool) -> Wake {
-    let Some(lease) = shown else {
-        return Wake::Step;
-    };
-    let holder = Record::of(lease).holder;
-    match (leading, holder.as_deref()) {
-        (true, Some(h)) if h == identity => Wake::Ignore,
-        (true, _) => Wake::Step,
-        (false, None) => Wake::Step,
-        (false, Some(_)) => Wake::Note,
+fn wake(shown: Option<&Lease>, leading: bool) -> Wake {
+    if leading {
+        return Wake::Ignore;
+    }
+    match shown.map(|l| Record::of(l).holder) {
+        None | Some(None) => Wake::Step,
+        Some(Some(_)) => Wake::Note,
     }
 }
 
@@ -395,7 +397,7 @@ impl Elector {
                         }
                         let Some(shown) = seen.borrow_and_update().clone() else { continue };
                         let leading = *self.leadership.inner.state.borrow();
-                        match wake(shown.as_ref(), &self.cfg.identity, leading) {
+                        match wake(shown.as_ref(), leading) {
                             Wake::Ignore => {}
                             Wake::Note => state.note(shown, Instant::now()),
                             Wake::Step => {
@@ -744,27 +746,28 @@ mod tests {
     }
 
     /// The idle-cost bug of 369af94: the holder woke on the watch event of its own renewal and
-    /// renewed again at once, hundreds of times a second. Its own echoes must wake nothing.
+    /// renewed again at once, hundreds of times a second. Nothing the watch shows wakes it:
+    /// not its echoes, nor a stale initial list showing the Lease free.
     #[test]
-    fn the_holders_own_renewal_wakes_nothing() {
-        assert_eq!(wake(Some(&lease(Some("me"))), "me", true), Wake::Ignore);
-    }
-
-    #[test]
-    fn a_lease_taken_released_or_deleted_under_the_holder_is_decided_at_once() {
-        assert_eq!(wake(Some(&lease(Some("other"))), "me", true), Wake::Step);
-        assert_eq!(wake(Some(&lease(None)), "me", true), Wake::Step);
-        assert_eq!(wake(None, "me", true), Wake::Step);
+    fn the_holder_is_woken_by_no_watch_event() {
+        for shown in [
+            Some(lease(Some("me"))),
+            Some(lease(Some("other"))),
+            Some(lease(None)),
+            None,
+        ] {
+            assert_eq!(wake(shown.as_ref(), true), Wake::Ignore, "{shown:?}");
+        }
     }
 
     /// A standby only remembers the holder's renewals (no request, no write); a released or
     /// deleted Lease is taken over at once, which keeps SIGTERM failover fast.
     #[test]
     fn a_standby_steps_only_when_the_lease_is_free() {
-        assert_eq!(wake(Some(&lease(Some("other"))), "me", false), Wake::Note);
-        assert_eq!(wake(Some(&lease(None)), "me", false), Wake::Step);
-        assert_eq!(wake(Some(&lease(Some(""))), "me", false), Wake::Step);
-        assert_eq!(wake(None, "me", false), Wake::Step);
+        assert_eq!(wake(Some(&lease(Some("other"))), false), Wake::Note);
+        assert_eq!(wake(Some(&lease(None)), false), Wake::Step);
+        assert_eq!(wake(Some(&lease(Some(""))), false), Wake::Step);
+        assert_eq!(wake(None, false), Wake::Step);
     }
 
     /// A renewal seen again does not restart the expiry clock; a changed record does.
