@@ -541,8 +541,10 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         let counts = p.audit.count(off0, p.audit.offset());
         let idle = counts.get("ucm-manager").cloned().unwrap_or_default();
         let minutes = w0.elapsed().as_secs_f64() / 60.0;
-        let (lease_writes, lease_requests) =
-            (idle.leader_lease_writes(), idle.leader_lease_requests());
+        let (lease_writes, lease_requests) = (
+            idle.coordination_lease_writes(),
+            idle.coordination_lease_requests(),
+        );
         s.push(
             "idle.writes_per_min",
             (idle.writes - lease_writes) as f64 / minutes,
@@ -555,6 +557,22 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         s.push(
             "idle.requests_per_min",
             (idle.requests() - lease_requests) as f64 / minutes,
+        );
+        // The snapshot agents: nothing but their heartbeat Leases (a watch of their own status
+        // writes must not wake them into another write).
+        let agents_idle = counts.get("ucm-agent").cloned().unwrap_or_default();
+        let beats = agents_idle.coordination_lease_writes();
+        s.push(
+            "idle.agent_writes_per_min",
+            (agents_idle.writes - beats) as f64 / minutes,
+        );
+        s.push(
+            "idle.agent_heartbeats_per_min",
+            beats as f64 / minutes / NODES.len() as f64,
+        );
+        s.push(
+            "idle.agent_requests_per_min",
+            agents_idle.requests() as f64 / minutes / NODES.len() as f64,
         );
         if idle.requests() > 0 {
             bd_insert(&mut breakdown, "idle", idle.top(6));
@@ -739,6 +757,24 @@ fn figures(ctx: &Ctx, s: &Samples, breakdown: &BTreeMap<&str, String>) -> Vec<Fi
                 median(&s.get("idle.requests_per_min")),
                 if bd("idle").is_empty() { String::new() } else { format!(" (all: {})", bd("idle")) }
             )),
+    );
+    f.push(
+        Figure::new(PHASE, "idle.agent_writes_per_min", "idle snapshot agents: API writes per minute besides their heartbeat Leases, all snapshots settled", "writes/min", s.get("idle.agent_writes_per_min"))
+            .reference(0.0, "target", false),
+    );
+    f.push(
+        Figure::new(
+            PHASE,
+            "idle.agent_heartbeats_per_min",
+            "idle snapshot agent: heartbeat Lease writes per minute (--heartbeat-interval 20 s)",
+            "writes/min",
+            s.get("idle.agent_heartbeats_per_min"),
+        )
+        .reference(3.0, "one per heartbeat interval", true)
+        .note(format!(
+            "all requests per agent per minute: median {:.1} (one patch per beat, no read)",
+            median(&s.get("idle.agent_requests_per_min")),
+        )),
     );
     f.push(
         Figure::new(PHASE, "idle.lease_writes_per_min", "idle leader: leader-election Lease writes per minute (retry period 2 s)", "writes/min", s.get("idle.lease_writes_per_min"))

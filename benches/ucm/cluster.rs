@@ -236,13 +236,13 @@ pub struct Counts {
 }
 
 impl Counts {
-    /// Writes of coordination.k8s.io Leases (the manager's only ones: leader election).
-    pub fn leader_lease_writes(&self) -> u64 {
+    /// Writes of coordination.k8s.io Leases: the manager's leader election, an agent's heartbeat.
+    pub fn coordination_lease_writes(&self) -> u64 {
         self.lease_requests(is_write)
     }
 
     /// Requests of any verb but watch on coordination.k8s.io Leases.
-    pub fn leader_lease_requests(&self) -> u64 {
+    pub fn coordination_lease_requests(&self) -> u64 {
         self.lease_requests(|v| v != "watch")
     }
 

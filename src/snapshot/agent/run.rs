@@ -1301,16 +1301,17 @@ async fn heartbeat(
             ),
             ..Default::default()
         };
-        let res = match api.get_opt(&name).await {
-            Ok(Some(_)) => api
-                .patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({ "spec": spec })),
-                )
-                .await
-                .map(|_| ()),
-            Ok(None) => {
+        // One request per beat: patch, and create only when the Lease is not there yet.
+        let patched = api
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": spec })),
+            )
+            .await;
+        let res = match patched {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
                 let lease = Lease {
                     metadata: kube::api::ObjectMeta {
                         name: Some(name.clone()),
