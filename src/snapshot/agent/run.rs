@@ -38,9 +38,7 @@ use super::cmd::Runner;
 use super::decide::{self, Held, Step};
 use super::journal::{Entry, Journal};
 use super::pools;
-use crate::runtime::cli::{
-    BindAddress, LogFormat, parse_bind_address, parse_go_bool, parse_go_duration,
-};
+use crate::runtime::cli::{BindAddress, LogFormat, parse_bind_address, parse_go_bool};
 use crate::runtime::{Agent, health::Health, http, logging, metrics::Metrics, shutdown};
 use crate::snapshot::reconcile::AGENT_LEASE_PREFIX;
 use crate::snapshot::round::{self, RoundView, after, elapsed, parse_stamp};
@@ -72,15 +70,15 @@ pub struct AgentArgs {
     pub namespace: Option<String>,
 
     /// D: every barrier is lifted this long after the round opened (keep equal to the manager's).
-    #[arg(long = "snapshot-deadline", default_value = "60s", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long = "snapshot-deadline", default_value = "60s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub deadline: Duration,
 
     /// G: no cut starts and no Done is written this close to the deadline; must exceed clock skew.
-    #[arg(long = "snapshot-cut-guard", default_value = "5s", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long = "snapshot-cut-guard", default_value = "5s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub cut_guard: Duration,
 
     /// How often the heartbeat Lease is renewed.
-    #[arg(long, default_value = "20s", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "20s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub heartbeat_interval: Duration,
 
     /// IO barrier implementation.
@@ -92,11 +90,11 @@ pub struct AgentArgs {
     pub fake_barrier_dir: Option<PathBuf>,
 
     /// Bound on each DRBD call and on a freeze.
-    #[arg(long, default_value = "30s", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "30s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub barrier_timeout: Duration,
 
     /// Bound on each backend command.
-    #[arg(long, default_value = "2m", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "2m", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub backend_timeout: Duration,
 
     /// Consecutive barrier or cut failures before the leg reports Error.
@@ -104,7 +102,7 @@ pub struct AgentArgs {
     pub barrier_fail_limit: u32,
 
     /// Interval of the stale-barrier sweep (also run at start and stop).
-    #[arg(long, default_value = "5m", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "5m", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub sweep_interval: Duration,
 
     /// Pool configuration file (pool name → backend). Unset: diskless legs only.
