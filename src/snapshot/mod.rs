@@ -104,5 +104,5 @@ pub static FEATURE: Feature = Feature {
     namespaced_rbac,
     settings: <Settings as Args>::augment_args,
     start,
-    agents: &[agent::run::AGENT],
+    agents: &[agent::AGENT],
 };
