@@ -5,7 +5,6 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::godur::human_threshold;
 use super::token::{Claims, TokenPolicy};
 use super::types::{
     Exporter, ExporterStatus, ExporterStatusValue, HookPhase, LeaseHooks, LocalObjectReference,
@@ -131,6 +130,19 @@ pub fn desired_status(
         status,
         requeue_after,
         replaced_owing_record,
+    }
+}
+
+/// Renders the offline threshold for condition and status messages: `1 minute` for 60 s (the
+/// upstream text), `N minutes` for whole minutes, else `N seconds`.
+pub fn human_threshold(threshold: SignedDuration) -> String {
+    let secs = threshold.as_secs();
+    if secs == 60 {
+        "1 minute".to_string()
+    } else if secs > 0 && secs % 60 == 0 && threshold.subsec_nanos() == 0 {
+        format!("{} minutes", secs / 60)
+    } else {
+        format!("{secs} seconds")
     }
 }
 
@@ -474,6 +486,14 @@ mod tests {
             &TokenPolicy::default(),
             ts(NOW),
         )
+    }
+
+    #[test]
+    fn renders_threshold_like_upstream() {
+        assert_eq!(human_threshold(SignedDuration::from_secs(60)), "1 minute");
+        assert_eq!(human_threshold(SignedDuration::from_secs(120)), "2 minutes");
+        assert_eq!(human_threshold(SignedDuration::from_secs(90)), "90 seconds");
+        assert_eq!(human_threshold(SignedDuration::from_secs(30)), "30 seconds");
     }
 
     #[test]

@@ -8,13 +8,13 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::exporter_status::{ONLINE, REGISTERED, owes_after_lease};
-use super::godur;
 use super::selector;
 use super::types::{
     Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, Lease, LeaseStatus,
     LocalObjectReference,
 };
 use crate::conditions::{self, Desired};
+use crate::godur;
 
 pub const PENDING: &str = "Pending";
 pub const READY: &str = "Ready";
@@ -93,7 +93,7 @@ fn requested_duration(lease: &Lease) -> SignedDuration {
         .spec
         .duration
         .as_deref()
-        .and_then(|d| godur::parse(d).ok())
+        .and_then(|d| godur::parse_signed(d).ok())
     {
         return d;
     }
@@ -107,7 +107,7 @@ fn requested_duration(lease: &Lease) -> SignedDuration {
 /// (§6.6), a duration must be positive.
 fn lease_duration(lease: &Lease) -> Option<Result<SignedDuration, String>> {
     let d = lease.spec.duration.as_deref()?;
-    Some(match godur::parse(d) {
+    Some(match godur::parse_signed(d) {
         Err(e) => Err(format!("spec.duration: {e}")),
         Ok(v) if v <= SignedDuration::ZERO => Err(format!(
             "spec.duration: {d:?} is not positive; set a duration such as 1h"
@@ -409,7 +409,7 @@ fn approve<'a>(
                     client_matched = true;
                     if let Some(max) = &rule.maximum_duration {
                         // An unparsable limit approves nothing rather than everything.
-                        match godur::parse(max) {
+                        match godur::parse_signed(max) {
                             Ok(max) if requested <= max => {}
                             _ => continue,
                         }
@@ -450,7 +450,7 @@ fn policy_problems(policies: &[ExporterAccessPolicy]) -> Vec<String> {
         }
         for (i, rule) in p.spec.policies.iter().flatten().enumerate() {
             if let Some(max) = &rule.maximum_duration
-                && godur::parse(max).is_err()
+                && godur::parse_signed(max).is_err()
             {
                 out.push(format!(
                     "{name}: spec.policies[{i}].maximumDuration {max:?} is not a duration such as 8h or 30m"

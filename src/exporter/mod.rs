@@ -2,13 +2,12 @@
 //! (`jumpstarter.dev/v1alpha1`). See `../shared/spec/exporter.md`.
 //!
 //! Pure modules: `types` (CRDs), `token` (key and JWTs), `exporter_status`, `client_status`,
-//! `lease_logic`, `selector`, `godur`, `settings`, `config`. IO: `reconcile`, `signing`,
+//! `lease_logic`, `selector`, `settings`, `config`. IO: `reconcile`, `signing`,
 //! `startup`.
 
 pub mod client_status;
 pub mod config;
 pub mod exporter_status;
-pub mod godur;
 pub mod grpc;
 pub mod lease_hooks;
 pub mod lease_logic;
