@@ -16,6 +16,7 @@ GO_LDFLAGS  := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) 
 KHARNESS    := e2e/bin/kharness
 KUBECTL     := e2e/bin/kubectl
 HELM        := e2e/bin/helm
+PROMTOOL    := e2e/bin/promtool
 HELM_VERSION = $(shell awk '$$1=="helm.sh/helm/v4"{print $$2}' e2e/tools/helm/go.mod)
 GO_SOURCES  := $(shell find e2e/cmd -name '*.go' 2>/dev/null) e2e/go.mod e2e/go.sum
 
@@ -59,7 +60,12 @@ $(KUBECTL): e2e/go.mod e2e/go.sum
 $(HELM): e2e/tools/helm/go.mod e2e/tools/helm/go.sum
 	cd e2e/tools/helm && $(GO_ENV) go build -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$(HELM_VERSION)" -o ../../bin/helm helm.sh/helm/v4/cmd/helm
 
-cluster: $(KHARNESS) $(KUBECTL) $(HELM)
+# promtool from Prometheus's published Go module (its own module, like helm): the e2e suite
+# checks the shipped alert rules (`promtool check rules`) and live scrapes (`check metrics`).
+$(PROMTOOL): e2e/tools/promtool/go.mod e2e/tools/promtool/go.sum
+	cd e2e/tools/promtool && $(GO_ENV) go build -ldflags "-s -w" -o ../../bin/promtool github.com/prometheus/prometheus/cmd/promtool
+
+cluster: $(KHARNESS) $(KUBECTL) $(HELM) $(PROMTOOL)
 
 # One shared control plane for every e2e test binary; tests needing their own start one.
 e2e: cluster build

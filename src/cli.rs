@@ -131,7 +131,7 @@ fn run_manager(m: &ArgMatches) -> i32 {
 }
 
 fn print_crds(args: CrdsArgs) -> i32 {
-    let crds: Vec<_> = FEATURES.iter().flat_map(|f| (f.crds)()).collect();
+    let crds: Vec<_> = FEATURES.iter().flat_map(|f| f.installed_crds()).collect();
     let result: anyhow::Result<()> = (|| {
         match &args.output_dir {
             Some(dir) => {

@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod conditions;
 pub mod exporter;
+pub mod godur;
 pub mod k8s_names;
 pub mod runtime;
 pub mod snapshot;

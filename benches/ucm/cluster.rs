@@ -231,11 +231,31 @@ pub struct Counts {
     pub reads: u64,
     /// watch requests started
     pub watches: u64,
-    /// "verb resource[/subresource]" → count
+    /// "verb resource[.group][/subresource]" → count
     pub by_kind: BTreeMap<String, u64>,
 }
 
 impl Counts {
+    /// Writes of coordination.k8s.io Leases: the manager's leader election, an agent's heartbeat.
+    pub fn coordination_lease_writes(&self) -> u64 {
+        self.lease_requests(is_write)
+    }
+
+    /// Requests of any verb but watch on coordination.k8s.io Leases.
+    pub fn coordination_lease_requests(&self) -> u64 {
+        self.lease_requests(|v| v != "watch")
+    }
+
+    fn lease_requests(&self, verb: impl Fn(&str) -> bool) -> u64 {
+        self.by_kind
+            .iter()
+            .filter_map(|(k, n)| {
+                let (v, res) = k.split_once(' ')?;
+                (res == "leases.coordination.k8s.io" && verb(v)).then_some(*n)
+            })
+            .sum()
+    }
+
     /// Requests that are not long-running: what a reconcile costs the API server.
     pub fn requests(&self) -> u64 {
         self.writes + self.reads
@@ -326,10 +346,13 @@ impl Audit {
                 c.reads += 1;
             }
             let r = ev.object_ref.unwrap_or_default();
-            let res = match r.subresource {
-                Some(s) => format!("{}/{s}", r.resource),
-                None => r.resource,
-            };
+            let mut res = r.resource;
+            if let Some(g) = r.api_group.filter(|g| !g.is_empty()) {
+                res = format!("{res}.{g}");
+            }
+            if let Some(s) = r.subresource {
+                res = format!("{res}/{s}");
+            }
             *c.by_kind.entry(format!("{} {res}", ev.verb)).or_default() += 1;
         }
         out
@@ -377,9 +400,12 @@ struct AuditUser {
 }
 
 #[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
 struct ObjectRef {
     #[serde(default)]
     resource: String,
+    #[serde(default)]
+    api_group: Option<String>,
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]

@@ -11,6 +11,8 @@
 
 mod common;
 
+#[path = "bad_input/hostile.rs"]
+mod hostile;
 #[path = "bad_input/schema_cases.rs"]
 mod schema_cases;
 #[path = "bad_input/serve_cases.rs"]
@@ -472,6 +474,7 @@ async fn serve_table(
 struct Agent {
     child: Option<std::process::Child>,
     log: std::path::PathBuf,
+    metrics_port: u16,
 }
 
 impl Agent {
@@ -487,6 +490,7 @@ impl Agent {
         .unwrap();
         std::fs::create_dir_all(dir.join("fake")).unwrap();
         let log = dir.join("agent.log");
+        let metrics_port = free_port();
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_ucm"))
             .arg("snapshot-agent")
             .arg(format!("--node-name={node}"))
@@ -498,7 +502,7 @@ impl Agent {
             .arg(format!("--pools={}", pools.display()))
             .arg("--loopfile-full-copy=true")
             .arg(format!("--journal={}", dir.join("journal.json").display()))
-            .arg("--metrics-bind-address=0")
+            .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
             .arg("--health-probe-bind-address=0")
             .arg("--log-level=info,ucm=debug")
             .env_remove("RUST_LOG")
@@ -510,6 +514,7 @@ impl Agent {
         Agent {
             child: Some(child),
             log,
+            metrics_port,
         }
     }
 

@@ -203,7 +203,7 @@ fn crd_copies_match_the_rust_types() {
     let bless = std::env::var("UCM_BLESS").is_ok_and(|v| v == "1");
     let mut stale = vec![];
     for f in ucm::FEATURES {
-        let crds = (f.crds)();
+        let crds = f.installed_crds();
         let files: BTreeMap<String, String> = crds
             .iter()
             .map(|c| (format!("{}.yaml", c.name_any()), crd_yaml(c)))

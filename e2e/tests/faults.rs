@@ -79,7 +79,7 @@ async fn api_server_restart_mid_work_loses_nothing() {
     let identity = {
         let (kc, ns, dir) = (kubeconfig.clone(), ns.clone(), w.dir.path().to_path_buf());
         tokio::task::spawn_blocking(move || {
-            shipped_identity(&kc, &ns, &["exporter", "snapshot", "vmexport"], &dir)
+            shipped_identity(&kc, &ns, &["exporter", "snapshot", "vmexport"], None, &dir)
         })
         .await
         .unwrap()

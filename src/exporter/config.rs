@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use jiff::SignedDuration;
 use serde::Deserialize;
 
-use super::godur;
 use super::token::DEFAULT_PREFIX;
+use crate::godur;
 
 pub const CONFIGMAP: &str = "jumpstarter-controller";
 /// Upstream's `defaultMaxTags`, used when `leasePolicy.maxTags` is unset or 0.
@@ -274,7 +274,7 @@ fn yaml<T: serde::de::DeserializeOwned + Default>(key: &str, text: &str) -> Resu
 fn duration(field: &str, value: Option<&String>) -> Result<Option<SignedDuration>, String> {
     match value.map(String::as_str) {
         None | Some("") => Ok(None),
-        Some(v) => godur::parse(v)
+        Some(v) => godur::parse_signed(v)
             .map(Some)
             .map_err(|e| format!("ConfigMap {CONFIGMAP}, key config: {field}: {e}")),
     }
@@ -657,7 +657,7 @@ telemetry:
         for (yaml, want) in [
             (
                 "authentication:\n  internal:\n    tokenLifetime: 30d\n",
-                "authentication.internal.tokenLifetime: invalid duration \"30d\"",
+                "authentication.internal.tokenLifetime: unknown unit \"d\" in duration \"30d\"",
             ),
             (
                 "authentication:\n  internal:\n    tokenLifetime: 0s\n",

@@ -5,7 +5,6 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::godur::human_threshold;
 use super::token::{Claims, TokenPolicy};
 use super::types::{
     Exporter, ExporterStatus, ExporterStatusValue, HookPhase, LeaseHooks, LocalObjectReference,
@@ -26,6 +25,7 @@ pub const REASON_WITHIN_30: &str = "ExpiresWithin30Days";
 pub const REASON_VALID: &str = "Valid";
 /// OURS: the object's name leaves no room for its credential Secret's name.
 pub const REASON_CREDENTIAL_NAME_TOO_LONG: &str = "CredentialNameTooLong";
+pub const REASON_SECRET_CONFLICT: &str = "SecretConflict";
 
 const DAY: i64 = 86_400;
 
@@ -133,6 +133,19 @@ pub fn desired_status(
     }
 }
 
+/// Renders the offline threshold for condition and status messages: `1 minute` for 60 s (the
+/// upstream text), `N minutes` for whole minutes, else `N seconds`.
+pub fn human_threshold(threshold: SignedDuration) -> String {
+    let secs = threshold.as_secs();
+    if secs == 60 {
+        "1 minute".to_string()
+    } else if secs > 0 && secs % 60 == 0 && threshold.subsec_nanos() == 0 {
+        format!("{} minutes", secs / 60)
+    } else {
+        format!("{secs} seconds")
+    }
+}
+
 /// `Online` and `Registered` plus the `exporterStatus`/`statusMessage` rules of §4.3. Shared
 /// with the gRPC handlers.
 pub fn derive_conditions(
@@ -200,6 +213,19 @@ pub fn credential_name_too_long(kind: &str, name: &str, suffix: &str) -> Option<
             ),
         )
     })
+}
+
+/// The credential Secret's name is taken by a Secret this object does not control: ucm leaves
+/// it untouched (it may belong to something else) and issues no credential until it is gone.
+pub fn secret_conflict(kind: &str, namespace: &str, secret: &str) -> Desired<'static> {
+    Desired::new(
+        TOKEN_EXPIRING,
+        true,
+        REASON_SECRET_CONFLICT,
+        format!(
+            "No credential can be issued: Secret {namespace}/{secret} already exists and is not controlled by this {kind}; ucm leaves it untouched. Delete or rename that Secret, or recreate the {kind} under another name"
+        ),
+    )
 }
 
 /// `TokenExpiring` as upstream's `token_expiry.go` words it. `remaining` keeps `now`'s fraction
@@ -460,6 +486,14 @@ mod tests {
             &TokenPolicy::default(),
             ts(NOW),
         )
+    }
+
+    #[test]
+    fn renders_threshold_like_upstream() {
+        assert_eq!(human_threshold(SignedDuration::from_secs(60)), "1 minute");
+        assert_eq!(human_threshold(SignedDuration::from_secs(120)), "2 minutes");
+        assert_eq!(human_threshold(SignedDuration::from_secs(90)), "90 seconds");
+        assert_eq!(human_threshold(SignedDuration::from_secs(30)), "30 seconds");
     }
 
     #[test]

@@ -8,13 +8,13 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::exporter_status::{ONLINE, REGISTERED, owes_after_lease};
-use super::godur;
 use super::selector;
 use super::types::{
     Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, Lease, LeaseStatus,
     LocalObjectReference,
 };
 use crate::conditions::{self, Desired};
+use crate::godur;
 
 pub const PENDING: &str = "Pending";
 pub const READY: &str = "Ready";
@@ -25,7 +25,6 @@ pub const INVALID: &str = "Invalid";
 pub const ENDED_LABEL: &str = "jumpstarter.dev/lease-ended";
 pub const ENDED_VALUE: &str = "true";
 
-const MAX_PENDING_REQUEUE: Duration = Duration::from_secs(30);
 const MAX_DESCRIPTIONS: usize = 4096;
 
 /// What the assignment step decided (§6.2).
@@ -94,7 +93,7 @@ fn requested_duration(lease: &Lease) -> SignedDuration {
         .spec
         .duration
         .as_deref()
-        .and_then(|d| godur::parse(d).ok())
+        .and_then(|d| godur::parse_signed(d).ok())
     {
         return d;
     }
@@ -108,7 +107,7 @@ fn requested_duration(lease: &Lease) -> SignedDuration {
 /// (§6.6), a duration must be positive.
 fn lease_duration(lease: &Lease) -> Option<Result<SignedDuration, String>> {
     let d = lease.spec.duration.as_deref()?;
-    Some(match godur::parse(d) {
+    Some(match godur::parse_signed(d) {
         Err(e) => Err(format!("spec.duration: {e}")),
         Ok(v) if v <= SignedDuration::ZERO => Err(format!(
             "spec.duration: {d:?} is not positive; set a duration such as 1h"
@@ -410,7 +409,7 @@ fn approve<'a>(
                     client_matched = true;
                     if let Some(max) = &rule.maximum_duration {
                         // An unparsable limit approves nothing rather than everything.
-                        match godur::parse(max) {
+                        match godur::parse_signed(max) {
                             Ok(max) if requested <= max => {}
                             _ => continue,
                         }
@@ -451,7 +450,7 @@ fn policy_problems(policies: &[ExporterAccessPolicy]) -> Vec<String> {
         }
         for (i, rule) in p.spec.policies.iter().flatten().enumerate() {
             if let Some(max) = &rule.maximum_duration
-                && godur::parse(max).is_err()
+                && godur::parse_signed(max).is_err()
             {
                 out.push(format!(
                     "{name}: spec.policies[{i}].maximumDuration {max:?} is not a duration such as 8h or 30m"
@@ -553,20 +552,6 @@ fn gate_suffix<'a>(exporters: impl Iterator<Item = &'a Exporter>) -> String {
     out
 }
 
-/// §6.4: 1 s with no Pending condition; else from 1 s doubling while below the time elapsed
-/// since `Pending.lastTransitionTime`, capped at 30 s.
-pub fn pending_backoff(pending_since: Option<Timestamp>, now: Timestamp) -> Duration {
-    let Some(since) = pending_since else {
-        return Duration::from_secs(1);
-    };
-    let elapsed: Duration = now.duration_since(since).try_into().unwrap_or_default();
-    let mut backoff = Duration::from_secs(1);
-    while backoff < MAX_PENDING_REQUEUE && backoff < elapsed {
-        backoff *= 2;
-    }
-    backoff.min(MAX_PENDING_REQUEUE)
-}
-
 /// The result of one Lease pass (§6.2, §6.5).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseOutcome {
@@ -642,8 +627,9 @@ pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestam
                     generation,
                     &stamp,
                 );
-                let since = conditions::find(&conds, PENDING).map(|c| c.last_transition_time.0);
-                requeue_after = Some(pending_backoff(since, now));
+                // OURS (issue 21): no timer. What a pending lease waits for (an exporter
+                // freed, online, ready or relabelled; a policy or its client changed) brings
+                // its next pass; a timer per pending lease kept the queue busy for ever.
             }
             Some(Assignment::Assign {
                 exporter,

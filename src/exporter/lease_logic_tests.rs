@@ -635,38 +635,6 @@ fn scheduled_lease_waits_for_begin_time() {
     assert_eq!(assigned(&w.decide(&l)), "a");
 }
 
-#[test]
-fn backoff_table() {
-    let since = ts(NOW);
-    let at = |ms: i64| {
-        pending_backoff(
-            Some(since),
-            Timestamp::from_millisecond(NOW * 1000 + ms).unwrap(),
-        )
-    };
-    assert_eq!(pending_backoff(None, ts(NOW)), Duration::from_secs(1));
-    assert_eq!(at(500), Duration::from_secs(1));
-    assert_eq!(at(1_500), Duration::from_secs(2));
-    assert_eq!(at(3_000), Duration::from_secs(4));
-    assert_eq!(at(6_000), Duration::from_secs(8));
-    assert_eq!(at(12_000), Duration::from_secs(16));
-    assert_eq!(at(25_000), Duration::from_secs(30));
-    assert_eq!(at(300_000), Duration::from_secs(30));
-    // A brand-new Pending condition (elapsed 0) retries after 1 s.
-    assert_eq!(at(0), Duration::from_secs(1));
-}
-
-#[test]
-fn backoff_is_per_lease_so_new_leases_are_not_starved() {
-    // A lease pending for minutes backs off to 30 s while a new one retries after 1 s.
-    let old = pending_backoff(Some(ts(NOW - 600)), ts(NOW));
-    let new = pending_backoff(Some(ts(NOW)), ts(NOW));
-    assert_eq!(
-        (old, new),
-        (Duration::from_secs(30), Duration::from_secs(1))
-    );
-}
-
 fn cond<'a>(
     s: &'a LeaseStatus,
     t: &str,
@@ -718,7 +686,8 @@ fn pending_keeps_its_value_after_acquisition() {
         message: "m".into(),
     });
     let out = build_status(&l, pending, ts(NOW));
-    assert_eq!(out.requeue_after, Some(Duration::from_secs(1)));
+    // A pending lease waits on its triggers, not on a timer (issue 21).
+    assert_eq!(out.requeue_after, None);
     l.status = Some(out.status);
     let out = build_status(&l, assign_a(), ts(NOW + 5));
     let p = cond(&out.status, PENDING).unwrap();

@@ -2,13 +2,12 @@
 //! (`jumpstarter.dev/v1alpha1`). See `../shared/spec/exporter.md`.
 //!
 //! Pure modules: `types` (CRDs), `token` (key and JWTs), `exporter_status`, `client_status`,
-//! `lease_logic`, `selector`, `godur`, `settings`, `config`. IO: `reconcile`, `signing`,
+//! `lease_logic`, `selector`, `settings`, `config`. IO: `reconcile`, `signing`,
 //! `startup`.
 
 pub mod client_status;
 pub mod config;
 pub mod exporter_status;
-pub mod godur;
 pub mod grpc;
 pub mod lease_hooks;
 pub mod lease_logic;
@@ -33,15 +32,15 @@ use clap::{Args as _, FromArgMatches};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::CustomResourceExt;
 use kube::api::{ObjectMeta, PartialObjectMeta};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{CustomResourceExt, Resource as _};
 
 use crate::runtime::controller::{Guarded, run};
 use crate::runtime::rbac::rule;
 use crate::runtime::{Feature, Runtime, Trigger};
-use types::{Client, Exporter, Lease};
+use types::{Client, Exporter, ExporterAccessPolicy, Lease};
 
 /// The four CRDs this feature serves, in the form `ucm crds` writes to `crds/`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
@@ -129,7 +128,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
     // so a pass a Lease change triggers always reads that change.
     let (active_leases, lease_changes) = rt.reflect(
         "exporter-leases",
-        rt.watched::<Lease>(),
+        rt.watched::<Guarded<Lease>>(),
         active_lease_watch(),
     );
     let ctx = Arc::new(reconcile::Ctx {
@@ -139,6 +138,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         key,
         metrics,
         active_leases,
+        invalid_objects: rt.metrics.invalid_objects_total.clone(),
         stale_exporters: Default::default(),
     });
 
@@ -156,7 +156,11 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         .watches_stream(secret_changes(&rt), |s: PartialObjectMeta<Secret>| {
             credential_owners::<Exporter>(&s.metadata, "Exporter", "-exporter")
         })
-        .watches_stream(lease_changes, |lease: Lease| {
+        .watches_stream(lease_changes, |lease: Guarded<Lease>| {
+            // An unreadable Lease names no exporter anyone can trust.
+            let Ok(lease) = lease.0 else {
+                return Vec::new();
+            };
             let ns = lease.metadata.namespace.clone().unwrap_or_default();
             let by_status = lease
                 .status
@@ -175,6 +179,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
                 .into_iter()
                 .chain(by_owner)
                 .map(move |name| ObjectRef::<Guarded<Exporter>>::new(&name).within(&ns))
+                .collect()
         });
     rt.metrics
         .registry
@@ -191,10 +196,43 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         Trigger::AnyChange,
     );
     let lease_store = lease_ctl.store();
-    let lease_ctl = lease_ctl.watches(
-        rt.watched::<Exporter>(),
+    let (policy_store, client_store) = (lease_store.clone(), lease_store.clone());
+    // Exporter changes wake the pending leases they may satisfy; a heartbeat that moves only
+    // `lastSeen` changes nothing a lease waits for and wakes none.
+    let exporter_changes = watcher(
+        rt.watched::<Guarded<Exporter>>(),
         watcher::Config::default(),
-        move |exporter: Exporter| {
+    )
+    .default_backoff()
+    .touched_objects()
+    .predicate_filter(
+        |e: &Guarded<Exporter>| crate::runtime::controller::hash_except_status(e, &["lastSeen"]),
+        Default::default(),
+    );
+    let lease_ctl = lease_ctl
+        .watches(
+            rt.watched::<Guarded<ExporterAccessPolicy>>(),
+            watcher::Config::default(),
+            move |policy: Guarded<ExporterAccessPolicy>| {
+                let ns = policy.meta().namespace.clone().unwrap_or_default();
+                pending_leases(&policy_store, &ns, |_| true)
+            },
+        )
+        .watches(
+            rt.watched::<Guarded<Client>>(),
+            watcher::Config::default(),
+            move |client: Guarded<Client>| {
+                let ns = client.meta().namespace.clone().unwrap_or_default();
+                let name = client.meta().name.clone().unwrap_or_default();
+                pending_leases(&client_store, &ns, |l| l.spec.client_ref.name == name)
+            },
+        );
+    let lease_ctl =
+        lease_ctl.watches_stream(exporter_changes, move |exporter: Guarded<Exporter>| {
+            // An unreadable Exporter is no candidate; its own pass reports it.
+            let Ok(exporter) = exporter.0 else {
+                return Vec::new();
+            };
             let ns = exporter.metadata.namespace.clone().unwrap_or_default();
             let name = exporter.metadata.name.clone().unwrap_or_default();
             let labels = exporter.metadata.labels.clone().unwrap_or_default();
@@ -223,8 +261,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
                     .within(lease.metadata.namespace.as_deref().unwrap_or_default())
                 })
                 .collect::<Vec<_>>()
-        },
-    );
+        });
 
     let client_ctl = rt
         .controller::<Client>(
@@ -265,6 +302,35 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         ),
     );
     Ok(())
+}
+
+/// The pending leases of `ns` that `pick` selects, to wake on a change they may wait for.
+fn pending_leases(
+    store: &kube::runtime::reflector::Store<Guarded<Lease>>,
+    ns: &str,
+    pick: impl Fn(&Lease) -> bool,
+) -> Vec<ObjectRef<Guarded<Lease>>> {
+    store
+        .state()
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok())
+        .filter(|l| {
+            l.metadata.namespace.as_deref() == Some(ns)
+                && lease_logic::is_active(l)
+                && crate::conditions::is_true(
+                    l.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_deref())
+                        .unwrap_or_default(),
+                    lease_logic::PENDING,
+                )
+                && pick(l)
+        })
+        .map(|l| {
+            ObjectRef::<Guarded<Lease>>::new(l.metadata.name.as_deref().unwrap_or_default())
+                .within(ns)
+        })
+        .collect()
 }
 
 /// Leases without the ended label: ended leases leave the watch and its cache (rule 6.1.1).

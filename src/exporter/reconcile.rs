@@ -12,8 +12,7 @@ use kube::api::{ListParams, ObjectMeta, Patch};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
-use serde::Serialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, json};
 use tracing::{info, warn};
 
 use super::client_status;
@@ -23,6 +22,7 @@ use super::settings::Settings;
 use super::token::{self, Claims, MintReason, SigningKey, TokenAction, TokenPolicy};
 use super::types::{Client, Exporter, ExporterAccessPolicy, Lease};
 use crate::conditions;
+use crate::runtime::controller::Guarded;
 use crate::runtime::{ReconcileError, WriteError, Writer};
 
 pub struct Ctx {
@@ -31,8 +31,11 @@ pub struct Ctx {
     pub settings: Settings,
     pub key: SigningKey,
     pub metrics: super::metrics::Metrics,
-    /// Active Leases (the Exporter pass's cache; assignment reads uncached).
-    pub active_leases: kube::runtime::reflector::Store<Lease>,
+    /// Active Leases (the Exporter pass's cache; assignment reads uncached). Guarded: an
+    /// unreadable Lease is skipped, never fails the cache.
+    pub active_leases: kube::runtime::reflector::Store<Guarded<Lease>>,
+    /// `ucm_invalid_objects_total`: objects a LIST feeding a decision skipped as unreadable.
+    pub invalid_objects: prometheus::IntCounterVec,
     /// (namespace, name) → the resourceVersion the last Exporter status write replaced. A pass
     /// that sees it in the cache runs before the watch delivered that write (a Secret or Lease
     /// event queued it): it would only conflict, and the write's own event brings the next pass.
@@ -63,42 +66,7 @@ impl ReconcileError for Error {
     }
 }
 
-/// An RFC 7386 merge patch turning `observed` into `desired` status: changed fields carry the
-/// desired value, removed fields (at any depth) carry null, lists are replaced whole.
-pub fn status_merge_patch<S: Serialize>(observed: Option<&S>, desired: &S) -> Option<Value> {
-    let old = observed.map_or(Value::Object(Map::new()), |o| {
-        serde_json::to_value(o).unwrap_or(Value::Null)
-    });
-    let new = serde_json::to_value(desired).unwrap_or(Value::Null);
-    merge_diff(&old, &new)
-}
-
-fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
-    match (old, new) {
-        (Value::Object(o), Value::Object(n)) => {
-            let mut patch = Map::new();
-            for (k, v) in n {
-                match o.get(k) {
-                    Some(ov) if ov == v => {}
-                    Some(ov) => {
-                        if let Some(d) = merge_diff(ov, v) {
-                            patch.insert(k.clone(), d);
-                        }
-                    }
-                    None => {
-                        patch.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-            for k in o.keys().filter(|k| !n.contains_key(*k)) {
-                patch.insert(k.clone(), Value::Null);
-            }
-            (!patch.is_empty()).then_some(Value::Object(patch))
-        }
-        _ if old == new => None,
-        _ => Some(new.clone()),
-    }
-}
+pub use crate::runtime::writer::status_merge_patch;
 
 fn controller_ref<K: Resource<DynamicType = ()>>(obj: &K) -> Option<OwnerReference> {
     obj.controller_owner_ref(&())
@@ -111,8 +79,16 @@ fn has_controller_ref(meta: &ObjectMeta, owner: &OwnerReference) -> bool {
         .any(|r| r.uid == owner.uid && r.controller == Some(true))
 }
 
-/// Ensures the credential Secret (rules 4.1.1–4.1.6). Returns the claims of the token it holds
-/// after this pass and why it was minted, if it was.
+/// The credential after [`ensure_credential`]: the claims of the token the Secret holds after
+/// this pass and why it was minted, if it was; or the Secret name is taken by someone else.
+enum Credential {
+    Held(Claims, Option<MintReason>),
+    Conflict,
+}
+
+/// Ensures the credential Secret (rules 4.1.1–4.1.6). A Secret of that name is written only
+/// when this object controls it, or when the token it holds is one ucm minted for this very
+/// object (uid included: a Secret that lost its ownerRef); any other is left untouched.
 async fn ensure_credential(
     ctx: &Ctx,
     namespace: &str,
@@ -121,7 +97,7 @@ async fn ensure_credential(
     subject: &str,
     policy: &TokenPolicy,
     now: Timestamp,
-) -> Result<(Claims, Option<MintReason>), Error> {
+) -> Result<Credential, Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
     let existing = api.get_opt(secret_name).await?;
     let stored = existing
@@ -142,6 +118,12 @@ async fn ensure_credential(
         }
         action => action,
     };
+    if let Some(secret) = &existing
+        && !has_controller_ref(&secret.metadata, owner)
+        && !matches!(&action, TokenAction::Keep(c) if c.holder.as_deref() == Some(holder.as_str()))
+    {
+        return Ok(Credential::Conflict);
+    }
     match action {
         TokenAction::Keep(claims) => {
             if let Some(secret) = &existing
@@ -155,7 +137,7 @@ async fn ensure_credential(
                     .patch(&api, secret_name, &Patch::Merge(patch))
                     .await?;
             }
-            Ok((claims, None))
+            Ok(Credential::Held(claims, None))
         }
         TokenAction::Mint(reason) => {
             let (jwt, claims) =
@@ -194,8 +176,29 @@ async fn ensure_credential(
                         .await?;
                 }
             }
-            Ok((claims, Some(reason)))
+            Ok(Credential::Held(claims, Some(reason)))
         }
+    }
+}
+
+/// Warning `SecretConflict` naming the Secret, once: when the status did not say so yet.
+async fn conflict_event<K: Resource<DynamicType = ()>>(
+    ctx: &Ctx,
+    obj: &K,
+    before: Option<&[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]>,
+    problem: &conditions::Desired<'_>,
+) {
+    let already = before
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == problem.type_ && c.reason == problem.reason);
+    if !already {
+        let event = EventSpec {
+            warning: true,
+            reason: exporter_status::REASON_SECRET_CONFLICT,
+            note: problem.message.clone(),
+        };
+        emit(ctx, obj, &[event]).await;
     }
 }
 
@@ -248,13 +251,47 @@ fn requeue(after: Option<std::time::Duration>) -> Action {
     }
 }
 
-async fn active_leases(ctx: &Ctx, namespace: &str) -> Result<Vec<Lease>, Error> {
-    let api: Api<Lease> = Api::namespaced(ctx.client.clone(), namespace);
-    let list = api
-        .list(&ListParams::default().labels(&format!("{ENDED_LABEL}!={ENDED_VALUE}")))
-        .await?;
+/// A namespaced LIST that skips the items it cannot read, counting them for `controller` and
+/// logging each: one unreadable object (a timestamp past 9999-12-30) must not hide the others
+/// from a decision. The object itself is told by its own controller's pass.
+async fn list_readable<K>(
+    ctx: &Ctx,
+    controller: &str,
+    namespace: &str,
+    lp: &ListParams,
+) -> Result<Vec<K>, Error>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<Guarded<K>> = Api::namespaced(ctx.client.clone(), namespace);
+    let list = api.list(lp).await?;
     Ok(list
         .items
+        .into_iter()
+        .filter_map(|g| match g.0 {
+            Ok(k) => Some(k),
+            Err(invalid) => {
+                ctx.invalid_objects.with_label_values(&[controller]).inc();
+                warn!(
+                    kind = K::kind(&()).as_ref(),
+                    namespace,
+                    name = invalid.metadata.name.as_deref().unwrap_or_default(),
+                    error = %invalid.error,
+                    "skipping an object that cannot be read"
+                );
+                None
+            }
+        })
+        .collect())
+}
+
+async fn active_leases(ctx: &Ctx, namespace: &str) -> Result<Vec<Lease>, Error> {
+    let lp = ListParams::default().labels(&format!("{ENDED_LABEL}!={ENDED_VALUE}"));
+    Ok(list_readable::<Lease>(ctx, "lease", namespace, &lp)
+        .await?
         .into_iter()
         .filter(lease_logic::is_active)
         .collect())
@@ -292,11 +329,12 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
         exporter.metadata.annotations.as_ref(),
     );
     let secret_name = format!("{name}-exporter");
-    let no_credential = exporter_status::credential_name_too_long("Exporter", &name, "-exporter");
+    let mut no_credential =
+        exporter_status::credential_name_too_long("Exporter", &name, "-exporter");
     let claims = if no_credential.is_some() {
         None
     } else {
-        let (claims, minted) = ensure_credential(
+        match ensure_credential(
             &ctx,
             &ns,
             &secret_name,
@@ -305,9 +343,23 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
             &ctx.settings.token,
             now,
         )
-        .await?;
-        credential_event(&ctx, &*exporter, "exporter", minted, &secret_name).await;
-        Some(claims)
+        .await?
+        {
+            Credential::Held(claims, minted) => {
+                credential_event(&ctx, &*exporter, "exporter", minted, &secret_name).await;
+                Some(claims)
+            }
+            Credential::Conflict => {
+                let problem = exporter_status::secret_conflict("Exporter", &ns, &secret_name);
+                let before = exporter
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_deref());
+                conflict_event(&ctx, &*exporter, before, &problem).await;
+                no_credential = Some(problem);
+                None
+            }
+        }
     };
 
     // The cache is enough here: a Lease change that alters the held lease triggers a pass
@@ -319,9 +371,10 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
         .active_leases
         .state()
         .iter()
+        .filter_map(|g| g.0.as_ref().ok())
         .filter(|l| l.metadata.namespace.as_deref() == Some(ns.as_str()))
         .filter(|l| l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some(name.as_str()))
-        .map(|l| (**l).clone())
+        .cloned()
         .collect();
     let (held, several) = lease_logic::held_lease(&name, &leases);
     if several {
@@ -403,7 +456,21 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
         client.metadata.annotations.as_ref(),
     );
     let secret_name = format!("{name}-client");
-    if let Some(problem) = exporter_status::credential_name_too_long("Client", &name, "-client") {
+    let policy = ctx.settings.token.without_renewal();
+    let mut problem = exporter_status::credential_name_too_long("Client", &name, "-client");
+    let mut held = None;
+    if problem.is_none() {
+        match ensure_credential(&ctx, &ns, &secret_name, &owner, &subject, &policy, now).await? {
+            Credential::Held(claims, minted) => held = Some((claims, minted)),
+            Credential::Conflict => {
+                let p = exporter_status::secret_conflict("Client", &ns, &secret_name);
+                let before = client.status.as_ref().and_then(|s| s.conditions.as_deref());
+                conflict_event(&ctx, &*client, before, &p).await;
+                problem = Some(p);
+            }
+        }
+    }
+    if let Some(problem) = problem {
         let status =
             client_status::without_credential(&client, problem, &ctx.settings.status.endpoint, now);
         if let Some(patch) = status_merge_patch(client.status.as_ref(), &status) {
@@ -415,9 +482,9 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
         }
         return Ok(Action::await_change());
     }
-    let policy = ctx.settings.token.without_renewal();
-    let (claims, minted) =
-        ensure_credential(&ctx, &ns, &secret_name, &owner, &subject, &policy, now).await?;
+    let Some((claims, minted)) = held else {
+        return Ok(Action::await_change());
+    };
     credential_event(&ctx, &*client, "client", minted, &secret_name).await;
     let desired = client_status::desired_status(
         &client,
@@ -462,12 +529,10 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
 
     let mut assignment = None;
     if !status.ended && status.exporter_ref_name().is_none() {
-        let exporters = exporters_api.list(&ListParams::default()).await?.items;
+        let all = ListParams::default();
+        let exporters = list_readable::<Exporter>(&ctx, "lease", &ns, &all).await?;
         let active = active_leases(&ctx, &ns).await?;
-        let policies = Api::<ExporterAccessPolicy>::namespaced(ctx.client.clone(), &ns)
-            .list(&ListParams::default())
-            .await?
-            .items;
+        let policies = list_readable::<ExporterAccessPolicy>(&ctx, "lease", &ns, &all).await?;
         // An empty name is a request the client library refuses; it is reported as not found.
         let client = if policies.is_empty() || lease.spec.client_ref.name.is_empty() {
             None
@@ -556,6 +621,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn merge_patch_has_only_changes_and_nulls_for_removals() {

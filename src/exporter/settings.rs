@@ -5,8 +5,8 @@ use jiff::SignedDuration;
 
 use super::config::ControllerConfig;
 use super::exporter_status::StatusSettings;
-use super::godur;
 use super::token::TokenPolicy;
+use crate::godur;
 
 pub const DEFAULT_ENDPOINT: &str = "localhost:8082";
 pub const GENERATED_KEY_SECRET: &str = "ucm-exporter-signing-key";
@@ -82,7 +82,8 @@ impl Settings {
         env_endpoint: Option<String>,
         env_controller_key: Option<String>,
     ) -> Result<Settings, String> {
-        let dur = |flag: &str, v: &str| godur::parse(v).map_err(|e| format!("--{flag}: {e}"));
+        let dur =
+            |flag: &str, v: &str| godur::parse_signed(v).map_err(|e| format!("--{flag}: {e}"));
         let offline_threshold = dur("exporter-offline-threshold", &args.offline_threshold)?;
         if offline_threshold <= SignedDuration::ZERO {
             return Err("--exporter-offline-threshold must be positive".into());

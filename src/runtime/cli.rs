@@ -36,15 +36,15 @@ pub struct ManagerArgs {
     pub leader_election_namespace: Option<String>,
 
     /// How long a non-leader waits after the last observed renewal before taking over.
-    #[arg(long, default_value = "15s", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "15s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub leader_elect_lease_duration: Duration,
 
     /// How long the leader keeps retrying a renewal before it gives up leadership.
-    #[arg(long, default_value = "10s", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "10s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub leader_elect_renew_deadline: Duration,
 
     /// How often candidates retry acquiring and the leader renews.
-    #[arg(long, default_value = "2s", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "2s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub leader_elect_retry_period: Duration,
 
     /// Restrict every namespaced watch to this namespace (empty: all namespaces). Cluster-scoped
@@ -62,7 +62,7 @@ pub struct ManagerArgs {
     pub max_concurrent_reconciles: u16,
 
     /// How long shutdown waits for in-flight reconciles before giving up.
-    #[arg(long, default_value = "30s", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "30s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub graceful_shutdown_timeout: Duration,
 
     /// The manager's own namespace (leader Lease, generated keys and certificates). Default:
@@ -123,75 +123,21 @@ pub fn parse_go_bool(s: &str) -> Result<bool, String> {
     }
 }
 
-/// Go `time.ParseDuration`: a sequence of decimal numbers with units ns, us, µs, ms, s, m, h
-/// ("300ms", "1m30s", "1.5h"); a bare "0" is zero. Negative durations make no sense for any flag.
-pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
-    let err = || format!("expected a duration such as 15s, 1m30s or 500ms, got {s:?}");
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = s;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return Err(err());
-    }
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(err)?;
-        if num_len == 0 {
-            return Err(err());
-        }
-        let value: f64 = rest[..num_len].parse().map_err(|_| err())?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let unit = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(err()),
-        };
-        rest = &rest[unit_len..];
-        total += value * unit;
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| err())
-}
-
-/// Renders a duration the way Go prints it for the common cases (used in logs and help).
-pub fn format_go_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if !ms.is_multiple_of(1000) {
-        return format!("{ms}ms");
-    }
-    let s = d.as_secs();
-    match (s / 3600, (s % 3600) / 60, s % 60) {
-        (0, 0, s) => format!("{s}s"),
-        (0, m, 0) => format!("{m}m0s"),
-        (0, m, s) => format!("{m}m{s}s"),
-        (h, m, s) => format!("{h}h{m}m{s}s"),
-    }
-}
-
 impl ManagerArgs {
     /// Cross-flag rules that clap cannot express (runtime.md §3, parsing rule 4).
     pub fn validate(&self) -> Result<(), String> {
         if self.leader_elect_renew_deadline >= self.leader_elect_lease_duration {
             return Err(format!(
                 "invalid value for '--leader-elect-renew-deadline': {} must be less than --leader-elect-lease-duration ({})",
-                format_go_duration(self.leader_elect_renew_deadline),
-                format_go_duration(self.leader_elect_lease_duration)
+                crate::godur::format(self.leader_elect_renew_deadline),
+                crate::godur::format(self.leader_elect_lease_duration)
             ));
         }
         if self.leader_elect_retry_period >= self.leader_elect_renew_deadline {
             return Err(format!(
                 "invalid value for '--leader-elect-retry-period': {} must be less than --leader-elect-renew-deadline ({})",
-                format_go_duration(self.leader_elect_retry_period),
-                format_go_duration(self.leader_elect_renew_deadline)
+                crate::godur::format(self.leader_elect_retry_period),
+                crate::godur::format(self.leader_elect_renew_deadline)
             ));
         }
         Ok(())
@@ -218,29 +164,6 @@ pub fn resolve_namespace(flag: Option<&str>) -> (String, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(parse_go_duration("15s").unwrap(), Duration::from_secs(15));
-        assert_eq!(parse_go_duration("1m30s").unwrap(), Duration::from_secs(90));
-        assert_eq!(
-            parse_go_duration("500ms").unwrap(),
-            Duration::from_millis(500)
-        );
-        assert_eq!(
-            parse_go_duration("1.5h").unwrap(),
-            Duration::from_secs(5400)
-        );
-        assert_eq!(parse_go_duration("0").unwrap(), Duration::ZERO);
-        for bad in ["", "15", "s", "1x", "-1s", "1s2", "abc"] {
-            assert!(
-                parse_go_duration(bad).is_err(),
-                "{bad:?} should be rejected"
-            );
-        }
-        assert_eq!(format_go_duration(Duration::from_secs(90)), "1m30s");
-        assert_eq!(format_go_duration(Duration::from_millis(2500)), "2500ms");
-    }
 
     #[test]
     fn go_bools() {

@@ -38,6 +38,14 @@ pub trait ReconcileError: std::error::Error + Send + Sync + 'static {
     fn is_conflict(&self) -> bool {
         false
     }
+    /// Every label [`ReconcileError::metric_label`] can return, initialised at 0 at start.
+    /// The default is the write errors' set; errors with labels of their own add them.
+    fn metric_labels() -> &'static [&'static str]
+    where
+        Self: Sized,
+    {
+        super::writer::WriteError::METRIC_LABELS
+    }
 }
 
 /// Which watch events of the primary kind trigger a reconcile.
@@ -53,12 +61,47 @@ pub enum Trigger {
     /// changing anything derived from them (the exporter heartbeat's `lastSeen`): the pass they
     /// would trigger finds nothing to do, and the timer of the last pass still runs.
     AnyChangeExceptStatus(&'static [&'static str]),
+    /// Spec (generation) and finalizer changes, and status changes by another writer: a status
+    /// entry in managedFields by a manager other than ours (`ucm-<controller>`) as recent as our
+    /// own latest one. Another writer's status is corrected by the pass it triggers, while our
+    /// own status writes trigger nothing.
+    SpecFinalizersAndForeignStatus,
+}
+
+/// The hash [`Trigger::SpecFinalizersAndForeignStatus`] compares.
+fn hash_spec_or_foreign_status<K: Resource>(obj: &Guarded<K>, ours: &str) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let meta = obj.meta();
+    meta.generation.hash(&mut h);
+    meta.finalizers.hash(&mut h);
+    let status_entries = || {
+        meta.managed_fields
+            .iter()
+            .flatten()
+            .filter(|f| f.subresource.as_deref() == Some("status"))
+    };
+    let our_latest = status_entries()
+        .filter(|f| f.manager.as_deref() == Some(ours))
+        .filter_map(|f| f.time.as_ref().map(|t| t.0))
+        .max();
+    let foreign = status_entries()
+        .filter(|f| f.manager.as_deref() != Some(ours))
+        .any(|f| match (f.time.as_ref().map(|t| t.0), our_latest) {
+            (_, None) => true,
+            (Some(t), Some(o)) => t >= o,
+            (None, Some(_)) => false,
+        });
+    if foreign || obj.0.is_err() {
+        meta.resource_version.hash(&mut h);
+    }
+    Some(h.finish())
 }
 
 /// The hash [`Trigger::AnyChangeExceptStatus`] compares: the object as JSON without the ignored
 /// status fields, resourceVersion and managedFields. An object that failed to deserialize hashes
 /// its resourceVersion, so every change of it passes.
-fn hash_except_status<K: serde::Serialize + Resource>(
+pub fn hash_except_status<K: serde::Serialize + Resource>(
     obj: &Guarded<K>,
     ignored: &[&str],
 ) -> Option<u64> {
@@ -166,6 +209,15 @@ impl Runtime {
                 )
                 .boxed(),
             Trigger::AnyChange => stream.boxed(),
+            Trigger::SpecFinalizersAndForeignStatus => {
+                let ours = format!("ucm-{name}");
+                stream
+                    .predicate_filter(
+                        move |o: &Guarded<K>| hash_spec_or_foreign_status(o, &ours),
+                        Default::default(),
+                    )
+                    .boxed()
+            }
             Trigger::AnyChangeExceptStatus(ignored) => stream
                 .predicate_filter(
                     move |o: &Guarded<K>| hash_except_status(o, ignored),
@@ -238,6 +290,8 @@ pub struct Runner<K: Resource, C> {
     /// Write conflicts in a row per object (reset by a pass that ends without one).
     conflicts: Mutex<HashMap<ObjectRef<Guarded<K>>, u32>>,
     backoff_cap: Duration,
+    /// Reports unreadable objects (a condition and an event on the object).
+    writer: super::writer::Writer,
 }
 
 /// Conflicts in a row retried at once before the error backoff takes over.
@@ -260,7 +314,14 @@ pub async fn run<K, C, E, F, Fut>(
     backoff_cap: Duration,
     reconcile: F,
 ) where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()>
+        + kube::CustomResourceExt
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
     C: Send + Sync + 'static,
     E: ReconcileError,
     F: Fn(Arc<K>, Arc<C>) -> Fut + Send + Sync + 'static,
@@ -275,7 +336,9 @@ pub async fn run<K, C, E, F, Fut>(
         failures: Mutex::new(HashMap::new()),
         conflicts: Mutex::new(HashMap::new()),
         backoff_cap,
+        writer: rt.writer(name),
     });
+    runner.metrics.init_reasons(E::metric_labels());
     let reconcile = Arc::new(reconcile);
     let metrics = runner.metrics.clone();
     controller
@@ -293,6 +356,7 @@ pub async fn run<K, C, E, F, Fut>(
                         Err(invalid) => {
                             runner.metrics.invalid_object();
                             warn!(controller = name, object = %oref, error = %invalid, "object cannot be read; waiting for it to change");
+                            super::unreadable::report::<K>(&runner.writer, &invalid.metadata).await;
                             return Ok(Action::await_change());
                         }
                     };

@@ -35,6 +35,17 @@ pub struct Feature {
     pub agents: &'static [Agent],
 }
 
+impl Feature {
+    /// The CRDs as installed: the feature's own, with the bounds every ucm CRD shares
+    /// ([`super::crd_bounds`]).
+    pub fn installed_crds(&self) -> Vec<CustomResourceDefinition> {
+        (self.crds)()
+            .into_iter()
+            .map(super::crd_bounds::bound_timestamps)
+            .collect()
+    }
+}
+
 pub struct Agent {
     pub name: &'static str,
     /// The subcommand with its flags (`<Args as clap::Args>::augment_args(Command::new(name))`).

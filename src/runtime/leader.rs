@@ -7,6 +7,12 @@
 //! changed for a lease duration *as observed locally* (no cross-node clock comparison); the holder
 //! renews every retry period with a resourceVersion precondition and gives up after the renew
 //! deadline without a successful renewal; standbys watch the Lease so a release is taken over at once.
+//!
+//! Idle cost: the holder sends one request per retry period (a replace carrying the
+//! resourceVersion of its own last write; a GET only after a conflict) and a standby sends none
+//! (it decides from what its watch shows, and steps at once when the Lease is released). The
+//! holder is woken by no watch event: they echo its own writes, and stepping on them renewed
+//! again at once.
 
 use std::{
     sync::{Arc, Mutex, atomic::Ordering},
@@ -26,7 +32,7 @@ use kube::{
     api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -259,6 +265,63 @@ enum Attempt {
     Written(kube::Result<()>),
 }
 
+/// What the elector knows of the Lease between attempts.
+#[derive(Default)]
+struct State {
+    /// The Lease as we last knew it: the response to our own last write, or (for a standby)
+    /// what the watch showed since. `None` after an error or a conflict: read it again.
+    known: Option<Lease>,
+    /// The last record seen and when it was first seen (expiry is judged on our own clock).
+    observed: Option<(Record, Instant)>,
+}
+
+impl State {
+    /// Something showed us this Lease (`None`: it does not exist) at `at`.
+    fn note(&mut self, lease: Option<Lease>, at: Instant) {
+        if let Some(l) = &lease {
+            let record = Record::of(l);
+            self.observed_at(&record, at);
+        }
+        self.known = lease;
+    }
+
+    /// When `record` was first seen, remembering `now` for a record not seen before.
+    fn observed_at(&mut self, record: &Record, now: Instant) -> Instant {
+        match &self.observed {
+            Some((r, at)) if r == record => *at,
+            _ => {
+                self.observed = Some((record.clone(), now));
+                now
+            }
+        }
+    }
+}
+
+/// What a watch event of the Lease means to the elector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// Nothing to do. The holder ignores its watch: its events are echoes of its own
+    /// renewals (stepping on them renewed again at once, hundreds of times a second) or stale
+    /// (the initial list can predate our first write). Nobody else can take the Lease before
+    /// it expires, and by then the renew deadline has already stopped our writes; a deleted or
+    /// edited Lease shows up as an error or conflict at the next renewal.
+    Ignore,
+    /// Remember it (a standby's view of the holder's renewals), decide at the next step.
+    Note,
+    /// Decide now: the Lease is free or gone.
+    Step,
+}
+
+fn wake(shown: Option<&Lease>, leading: bool) -> Wake {
+    if leading {
+        return Wake::Ignore;
+    }
+    match shown.map(|l| Record::of(l).holder) {
+        None | Some(None) => Wake::Step,
+        Some(Some(_)) => Wake::Note,
+    }
+}
+
 struct Elector {
     leases: Api<Lease>,
     pods: Api<Pod>,
@@ -281,9 +344,10 @@ impl Elector {
         info!(lease = %format!("{}/{}", self.cfg.namespace, self.cfg.name), identity = %self.cfg.identity, "campaigning for leadership");
 
         // Standbys react to a released or changed Lease at once instead of after a retry period.
-        let changed = Arc::new(Notify::new());
+        // The watch publishes what it shows: `None` until its first list, `Some(None)` while
+        // the Lease does not exist.
+        let (seen_tx, mut seen) = watch::channel::<Option<Option<Lease>>>(None);
         let watch_task = {
-            let changed = changed.clone();
             let stream = watcher(
                 self.leases.clone(),
                 watcher::Config::default().fields(&format!("metadata.name={}", self.cfg.name)),
@@ -291,24 +355,58 @@ impl Elector {
             .default_backoff();
             tokio::spawn(async move {
                 let mut stream = std::pin::pin!(stream);
-                while stream.next().await.is_some() {
-                    changed.notify_one();
+                let mut listed = None;
+                while let Some(event) = stream.next().await {
+                    let shown = match event {
+                        Ok(watcher::Event::Init) => {
+                            listed = None;
+                            continue;
+                        }
+                        Ok(watcher::Event::InitApply(l)) => {
+                            listed = Some(l);
+                            continue;
+                        }
+                        Ok(watcher::Event::InitDone) => listed.take(),
+                        Ok(watcher::Event::Apply(l)) => Some(l),
+                        Ok(watcher::Event::Delete(_)) => None,
+                        Err(_) => continue,
+                    };
+                    seen_tx.send_replace(Some(shown));
                 }
             })
         };
 
-        let mut observed: Option<(Record, Instant)> = None;
-        loop {
-            let wait = self.step(&mut observed).await;
+        let mut state = State::default();
+        'campaign: loop {
+            let wait = self.step(&mut state).await;
             if self.leadership.is_leader() {
                 gauge.set(1);
             } else {
                 gauge.set(0);
             }
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(wait) => {}
-                _ = changed.notified() => {}
+            let due = tokio::time::Instant::now() + wait;
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break 'campaign,
+                    _ = tokio::time::sleep_until(due) => break,
+                    changed = seen.changed() => {
+                        if changed.is_err() {
+                            // The watch task ended (aborted only below): go on with the timer.
+                            tokio::time::sleep_until(due).await;
+                            break;
+                        }
+                        let Some(shown) = seen.borrow_and_update().clone() else { continue };
+                        let leading = *self.leadership.inner.state.borrow();
+                        match wake(shown.as_ref(), leading) {
+                            Wake::Ignore => {}
+                            Wake::Note => state.note(shown, Instant::now()),
+                            Wake::Step => {
+                                state.note(shown, Instant::now());
+                                break;
+                            }
+                        }
+                    }
+                }
             }
         }
         watch_task.abort();
@@ -325,17 +423,21 @@ impl Elector {
     }
 
     /// One round of try-acquire-or-renew; returns how long to wait before the next.
-    async fn step(&self, observed: &mut Option<(Record, Instant)>) -> Duration {
+    async fn step(&self, state: &mut State) -> Duration {
         let retry = self.cfg.retry_period;
         // client-go bounds every attempt by the renew deadline: a request that hangs (an API
         // server that accepted the connection but never answers) must not stall the elector,
         // which would neither renew nor declare the loss nor campaign again.
-        let attempt = tokio::time::timeout(self.cfg.renew_deadline, self.attempt(observed));
+        let attempt = tokio::time::timeout(self.cfg.renew_deadline, self.attempt(state));
         let result = match attempt.await {
             Ok(Attempt::Wait(d)) => return d.min(retry),
             Ok(Attempt::Written(r)) => r.map_err(Some),
             Err(_) => Err(None),
         };
+        if result.is_err() {
+            // Whatever we knew may be stale: the next attempt reads the Lease afresh.
+            state.known = None;
+        }
         match result {
             Ok(()) => {
                 let was = *self.leadership.inner.state.borrow();
@@ -374,20 +476,26 @@ impl Elector {
         retry
     }
 
-    /// Reads the Lease and takes, renews or leaves it.
-    async fn attempt(&self, observed: &mut Option<(Record, Instant)>) -> Attempt {
+    /// Takes, renews or leaves the Lease, as we last knew it (our own last write, or what the
+    /// watch showed a standby); reads it only when we know nothing trustworthy.
+    async fn attempt(&self, state: &mut State) -> Attempt {
         let now = Instant::now();
-        let lease = match self.leases.get_opt(&self.cfg.name).await {
-            Err(e) => return Attempt::Written(Err(e)),
-            Ok(None) => return Attempt::Written(self.create().await.map(|_| ())),
-            Ok(Some(lease)) => lease,
+        let lease = match state.known.clone() {
+            Some(lease) => lease,
+            None => match self.leases.get_opt(&self.cfg.name).await {
+                Err(e) => return Attempt::Written(Err(e)),
+                Ok(None) => {
+                    let created = self.create().await;
+                    return Attempt::Written(created.map(|l| state.known = Some(l)));
+                }
+                Ok(Some(lease)) => {
+                    state.note(Some(lease.clone()), now);
+                    lease
+                }
+            },
         };
         let record = Record::of(&lease);
-        let observed_at = match observed {
-            Some((r, at)) if *r == record => *at,
-            _ => now,
-        };
-        *observed = Some((record.clone(), observed_at));
+        let observed_at = state.observed_at(&record, now);
         let acquire = match evaluate(&record, observed_at, &self.cfg.identity, now) {
             Decision::Wait(d) => {
                 self.lose_if_leading(&format!(
@@ -399,7 +507,11 @@ impl Elector {
             Decision::Renew => false,
             Decision::Acquire => true,
         };
-        Attempt::Written(self.write(lease, acquire).await.map(|_| ()))
+        let written = self.write(lease, acquire).await;
+        Attempt::Written(written.map(|l| {
+            state.observed = Some((Record::of(&l), Instant::now()));
+            state.known = Some(l);
+        }))
     }
 
     fn check_deadline(&self) {
@@ -623,6 +735,59 @@ mod tests {
         );
     }
 
+    fn lease(holder: Option<&str>) -> Lease {
+        Lease {
+            metadata: ObjectMeta::default(),
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(String::from),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// The idle-cost bug of 369af94: the holder woke on the watch event of its own renewal and
+    /// renewed again at once, hundreds of times a second. Nothing the watch shows wakes it:
+    /// not its echoes, nor a stale initial list showing the Lease free.
+    #[test]
+    fn the_holder_is_woken_by_no_watch_event() {
+        for shown in [
+            Some(lease(Some("me"))),
+            Some(lease(Some("other"))),
+            Some(lease(None)),
+            None,
+        ] {
+            assert_eq!(wake(shown.as_ref(), true), Wake::Ignore, "{shown:?}");
+        }
+    }
+
+    /// A standby only remembers the holder's renewals (no request, no write); a released or
+    /// deleted Lease is taken over at once, which keeps SIGTERM failover fast.
+    #[test]
+    fn a_standby_steps_only_when_the_lease_is_free() {
+        assert_eq!(wake(Some(&lease(Some("other"))), false), Wake::Note);
+        assert_eq!(wake(Some(&lease(None)), false), Wake::Step);
+        assert_eq!(wake(Some(&lease(Some(""))), false), Wake::Step);
+        assert_eq!(wake(None, false), Wake::Step);
+    }
+
+    /// A renewal seen again does not restart the expiry clock; a changed record does.
+    #[test]
+    fn expiry_is_timed_from_the_first_sight_of_a_record() {
+        let t0 = Instant::now();
+        let mut state = State::default();
+        let mut l = lease(Some("other"));
+        state.note(Some(l.clone()), t0);
+        state.note(Some(l.clone()), t0 + Duration::from_secs(5));
+        let record = Record::of(&l);
+        assert_eq!(state.observed_at(&record, t0 + Duration::from_secs(9)), t0);
+        l.spec.as_mut().unwrap().renew_time = Some(MicroTime(jiff::Timestamp::now()));
+        state.note(Some(l.clone()), t0 + Duration::from_secs(10));
+        assert_eq!(
+            state.observed_at(&Record::of(&l), t0 + Duration::from_secs(11)),
+            t0 + Duration::from_secs(10)
+        );
+    }
+
     #[test]
     fn acquisitions_fire_on_each_rising_edge() {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -720,9 +885,10 @@ mod tests {
             label_pending: Default::default(),
         };
         let started = Instant::now();
-        let wait = tokio::time::timeout(Duration::from_secs(5), elector.step(&mut None))
-            .await
-            .expect("the attempt hung past the renew deadline");
+        let wait =
+            tokio::time::timeout(Duration::from_secs(5), elector.step(&mut State::default()))
+                .await
+                .expect("the attempt hung past the renew deadline");
         assert!(started.elapsed() < Duration::from_secs(2));
         assert_eq!(wait, Duration::from_millis(100));
     }

@@ -21,7 +21,7 @@ use tracing::{error, info, warn};
 
 use super::{
     Runtime, RuntimeConfig,
-    cli::{ManagerArgs, format_go_duration, resolve_namespace},
+    cli::{ManagerArgs, resolve_namespace},
     feature::Feature,
     health::Health,
     http,
@@ -60,9 +60,9 @@ pub async fn run(
         watch_namespace = %args.watch_namespace,
         features = ?names,
         leader_elect = args.leader_elect,
-        lease_duration = %format_go_duration(args.leader_elect_lease_duration),
-        renew_deadline = %format_go_duration(args.leader_elect_renew_deadline),
-        retry_period = %format_go_duration(args.leader_elect_retry_period),
+        lease_duration = %crate::godur::format(args.leader_elect_lease_duration),
+        renew_deadline = %crate::godur::format(args.leader_elect_renew_deadline),
+        retry_period = %crate::godur::format(args.leader_elect_retry_period),
         max_concurrent_reconciles = args.max_concurrent_reconciles,
         identity = %identity,
         "starting ucm manager"
@@ -167,7 +167,7 @@ pub async fn run(
     .await
     .is_ok();
     if !drained {
-        error!(timeout = %format_go_duration(args.graceful_shutdown_timeout), "in-flight reconciles did not finish in time");
+        error!(timeout = %crate::godur::format(args.graceful_shutdown_timeout), "in-flight reconciles did not finish in time");
         tasks.abort_all();
     }
     if let Some(e) = election {
@@ -187,7 +187,7 @@ pub async fn run(
 async fn run_feature(f: &'static Feature, rt: Runtime, matches: clap::ArgMatches) {
     let check = f.check_name();
     let crds: Api<CustomResourceDefinition> = Api::all(rt.client.clone());
-    for crd in (f.crds)() {
+    for crd in f.installed_crds() {
         let name = crd.name_any();
         let set = |msg: String| rt.health.set(&check, Err(msg));
         if !wait_established(&crds, &name, f.name, &rt.shutdown, set).await {

@@ -147,6 +147,9 @@ impl Metrics {
         self.invalid_objects_total.with_label_values(&[name]);
         self.active_workers.with_label_values(&[name]);
         self.reconcile_time_seconds.with_label_values(&[name]);
+        // controller-runtime's queue metrics carry the queue name; ours equals the controller's.
+        self.workqueue_retries_total
+            .with_label_values(&[name, name]);
         ControllerMetrics {
             name,
             reconcile_total: self.reconcile_total.clone(),
@@ -216,6 +219,15 @@ impl ControllerMetrics {
             metrics: self.clone(),
             start: Instant::now(),
             result: ReconcileResult::Success,
+        }
+    }
+
+    /// Shows every error reason the controller can report at 0 from the start, so a dashboard
+    /// reads "0", not "No data", before the first error (as controller-runtime does).
+    pub fn init_reasons(&self, reasons: &[&'static str]) {
+        for r in reasons {
+            self.reconcile_errors_by_reason_total
+                .with_label_values(&[self.name, r]);
         }
     }
 

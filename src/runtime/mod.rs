@@ -17,6 +17,7 @@
 
 pub mod cli;
 pub mod controller;
+pub mod crd_bounds;
 pub mod feature;
 pub mod health;
 pub mod http;
@@ -26,6 +27,7 @@ pub mod manager;
 pub mod metrics;
 pub mod rbac;
 pub mod shutdown;
+pub mod unreadable;
 pub mod writer;
 
 use std::{

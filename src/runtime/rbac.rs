@@ -22,7 +22,7 @@ pub fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
 /// The runtime reads each feature CRD (by name, with a field selector) before starting it.
 pub fn crd_read_rule(f: &Feature) -> PolicyRule {
     PolicyRule {
-        resource_names: Some((f.crds)().iter().map(|c| c.name_any()).collect()),
+        resource_names: Some(f.installed_crds().iter().map(|c| c.name_any()).collect()),
         ..rule(
             &["apiextensions.k8s.io"],
             &["customresourcedefinitions"],

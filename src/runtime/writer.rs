@@ -11,7 +11,7 @@ use kube::{
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
 use serde::{Serialize, de::DeserializeOwned};
-use serde_json::json;
+use serde_json::{Map, Value, json};
 use tracing::warn;
 
 use super::leader::Leadership;
@@ -51,6 +51,17 @@ impl WriteError {
     pub fn is_forbidden(&self) -> bool {
         matches!(self, WriteError::Kube(kube::Error::Api(s)) if s.code == 403)
     }
+
+    /// Every value [`WriteError::metric_label`] returns.
+    pub const METRIC_LABELS: &'static [&'static str] = &[
+        "not_leader",
+        "forbidden",
+        "not_found",
+        "conflict",
+        "invalid",
+        "api",
+        "kube",
+    ];
 
     /// The API server's reason (CamelCase) or a fixed label, for metrics and conditions.
     pub fn metric_label(&self) -> &'static str {
@@ -330,6 +341,43 @@ impl Writer {
         if let Err(e) = self.recorder.publish(&ev, regarding).await {
             warn!(reason, error = %e, "could not publish event");
         }
+    }
+}
+
+/// An RFC 7386 merge patch turning `observed` into `desired` status: changed fields carry the
+/// desired value, removed fields (at any depth) carry null, lists are replaced whole.
+pub fn status_merge_patch<S: Serialize>(observed: Option<&S>, desired: &S) -> Option<Value> {
+    let old = observed.map_or(Value::Object(Map::new()), |o| {
+        serde_json::to_value(o).unwrap_or(Value::Null)
+    });
+    let new = serde_json::to_value(desired).unwrap_or(Value::Null);
+    merge_diff(&old, &new)
+}
+
+fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut patch = Map::new();
+            for (k, v) in n {
+                match o.get(k) {
+                    Some(ov) if ov == v => {}
+                    Some(ov) => {
+                        if let Some(d) = merge_diff(ov, v) {
+                            patch.insert(k.clone(), d);
+                        }
+                    }
+                    None => {
+                        patch.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            for k in o.keys().filter(|k| !n.contains_key(*k)) {
+                patch.insert(k.clone(), Value::Null);
+            }
+            (!patch.is_empty()).then_some(Value::Object(patch))
+        }
+        _ if old == new => None,
+        _ => Some(new.clone()),
     }
 }
 

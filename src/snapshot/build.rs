@@ -166,6 +166,9 @@ pub mod reason {
     pub const TEARDOWN_PENDING: &str = "TeardownPending";
     /// OURS: a replica node name that cannot form its teardown finalizer.
     pub const INVALID_VOLUME: &str = "InvalidVolume";
+    /// OURS (issue 21): `readyToUse` is true but no node reports a Done cut, so no round of
+    /// ours published it (another writer set it): reported, never built on.
+    pub const READY_WITHOUT_CUT: &str = "ReadyWithoutCut";
     /// Every reason the manager writes, for validation tests.
     pub const ALL: &[&str] = &[
         SNAPSHOT_READY,
@@ -177,6 +180,7 @@ pub mod reason {
         CUT_FAILED,
         TEARDOWN_PENDING,
         INVALID_VOLUME,
+        READY_WITHOUT_CUT,
     ];
 }
 
@@ -298,6 +302,13 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
             .filter(|(_, st)| **st == SlotState::Done)
             .map(|(n, _)| n.clone())
             .collect();
+        if cut.is_empty() {
+            let msg = "status.readyToUse is true but no node reports a Done cut in status.perNode: no snapshot round published it and it holds no data; delete this snapshot and create a new one";
+            return Decision::wait(
+                Some(Ready::new(false, reason::READY_WITHOUT_CUT, msg)),
+                None,
+            );
+        }
         let msg = format!("cut on {}", list(&cut));
         return Decision::wait(Some(Ready::new(true, reason::SNAPSHOT_READY, msg)), None);
     }

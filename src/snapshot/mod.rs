@@ -19,7 +19,7 @@ use k8s_openapi::{
 };
 use kube::CustomResourceExt;
 
-use crate::runtime::{Feature, Runtime, cli::parse_go_duration, rbac::rule};
+use crate::runtime::{Feature, Runtime, rbac::rule};
 
 /// Every CRD this feature ships: MiroirSnapshot and the MiroirVolume subset.
 pub fn crds() -> Vec<CustomResourceDefinition> {
@@ -30,11 +30,11 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 #[derive(Args, Debug, Clone)]
 pub struct Settings {
     /// D: a snapshot round is voided this long after it opened; keep equal to the agents' value.
-    #[arg(long = "snapshot-deadline", default_value = "60s", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long = "snapshot-deadline", default_value = "60s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub deadline: Duration,
 
     /// B: after a void, the next round of that snapshot waits this long.
-    #[arg(long = "snapshot-void-backoff", default_value = "30s", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long = "snapshot-void-backoff", default_value = "30s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub void_backoff: Duration,
 
     /// Namespace of the snapshot agents' heartbeat Leases. Default: the manager's namespace.
@@ -42,7 +42,7 @@ pub struct Settings {
     pub agent_namespace: Option<String>,
 
     /// Heartbeat age after which a node's snapshot agent counts as down (no round opens).
-    #[arg(long = "snapshot-agent-stale-after", default_value = "60s", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long = "snapshot-agent-stale-after", default_value = "60s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub agent_stale_after: Duration,
 }
 
@@ -104,5 +104,5 @@ pub static FEATURE: Feature = Feature {
     namespaced_rbac,
     settings: <Settings as Args>::augment_args,
     start,
-    agents: &[agent::run::AGENT],
+    agents: &[agent::AGENT],
 };

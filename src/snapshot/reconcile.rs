@@ -58,6 +58,21 @@ impl ReconcileError for Error {
         }
     }
 
+    fn metric_labels() -> &'static [&'static str] {
+        &[
+            "not_leader",
+            "forbidden",
+            "not_found",
+            "conflict",
+            "invalid",
+            "api",
+            "kube",
+            "read",
+            "fenced",
+            "encode",
+        ]
+    }
+
     fn is_conflict(&self) -> bool {
         match self {
             Error::Fenced => true,

@@ -16,13 +16,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use super::duration::{format_go_duration, parse_go_duration};
 use super::naming;
 use super::types::{
     Condition, VirtualMachineExport, VirtualMachineExportLink, VirtualMachineExportLinks,
     VirtualMachineExportManifest, VirtualMachineExportSpec, VirtualMachineExportStatus,
     VirtualMachineExportVolume, VirtualMachineExportVolumeFormat,
 };
+use crate::godur;
 
 // ---- API constants (UPSTREAM values unless marked) ----
 
@@ -163,13 +163,13 @@ pub fn token_secret_ref_problem(spec: &VirtualMachineExportSpec) -> Option<Strin
 pub fn ttl_duration(spec: &VirtualMachineExportSpec) -> (Duration, Option<String>) {
     match spec.ttl_duration.as_deref() {
         None => (DEFAULT_TTL, None),
-        Some(s) => match parse_go_duration(s) {
+        Some(s) => match godur::parse(s) {
             Ok(d) => (d, None),
             Err(e) => (
                 DEFAULT_TTL,
                 Some(format!(
                     "ttlDuration {s:?} is invalid ({e}); using the default {}",
-                    format_go_duration(DEFAULT_TTL)
+                    godur::format(DEFAULT_TTL)
                 )),
             ),
         },

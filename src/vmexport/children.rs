@@ -13,7 +13,70 @@ use super::certs::{self, Pem};
 use super::naming;
 use super::reconcile::{Context, is_already_exists, object_ref};
 use super::sources::source_vm;
-use super::types::VirtualMachineExport;
+use super::types::{Condition, VirtualMachineExport};
+
+pub(super) const REASON_SECRET_CONFLICT: &str = "SecretConflict";
+pub(super) const REASON_CONFIGMAP_CONFLICT: &str = "ConfigMapConflict";
+pub(super) const REASON_POD_CONFLICT: &str = "PodConflict";
+
+/// Why a child could not be made: `ObjectCreationFailed` (an API error), or a conflict: an
+/// object of the child's name exists that this export does not control. ucm never writes such
+/// an object (it may belong to someone else) and reports it until it is gone (issue 21).
+pub(super) struct Failed {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl From<String> for Failed {
+    fn from(message: String) -> Failed {
+        Failed {
+            reason: REASON_OBJECT_CREATION_FAILED,
+            message,
+        }
+    }
+}
+
+impl Failed {
+    pub fn condition(self) -> Condition {
+        condition(COND_READY, false, self.reason, self.message)
+    }
+
+    pub fn is_conflict(reason: &str) -> bool {
+        [
+            REASON_SECRET_CONFLICT,
+            REASON_CONFIGMAP_CONFLICT,
+            REASON_POD_CONFLICT,
+        ]
+        .contains(&reason)
+    }
+}
+
+/// Whether `meta` carries this export's controller reference (its uid).
+pub(super) fn controlled_by(meta: &kube::api::ObjectMeta, export: &VirtualMachineExport) -> bool {
+    let uid = export.uid().unwrap_or_default();
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// The conflict for an existing `kind` object this export does not control.
+pub(super) fn conflict(
+    reason: &'static str,
+    kind: &str,
+    meta: &kube::api::ObjectMeta,
+    export: &VirtualMachineExport,
+    advice: &str,
+) -> Option<Failed> {
+    (!controlled_by(meta, export)).then(|| Failed {
+        reason,
+        message: format!(
+            "{kind} {}/{} already exists and is not controlled by this VirtualMachineExport; ucm leaves it untouched. {advice}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        ),
+    })
+}
 
 /// Creates or updates the manifest ConfigMap; `Ok(false)` when the `all` manifest cannot be
 /// offered (Warning event `ManifestFailed`; the pod then has no EXPORT_VM_DEF_URI).
@@ -22,7 +85,7 @@ pub(super) async fn ensure_manifest(
     export: &VirtualMachineExport,
     kind: SourceKind,
     volumes: &[ExportVolume],
-) -> Result<bool, String> {
+) -> Result<bool, Failed> {
     let ns = export.namespace().unwrap_or_default();
     let Some(mut vm) = source_vm(ctx, export, kind) else {
         return Ok(false);
@@ -77,6 +140,17 @@ pub(super) async fn ensure_manifest(
         .get_opt(&name)
         .await
         .map_err(|e| format!("ConfigMap {name}: {e}"))?;
+    if let Some(f) = existing.as_ref().and_then(|c| {
+        conflict(
+            REASON_CONFIGMAP_CONFLICT,
+            "ConfigMap",
+            &c.metadata,
+            export,
+            "Delete or rename it, or rename this export",
+        )
+    }) {
+        return Err(f);
+    }
     if existing.as_ref().and_then(|c| c.data.as_ref()) != desired.data.as_ref() {
         ctx.writer
             .apply(&api, &desired)
@@ -175,10 +249,19 @@ pub(super) async fn ensure_token(
     ctx: &Context,
     export: &VirtualMachineExport,
     name: &str,
-) -> Result<(), String> {
+) -> Result<(), Failed> {
     let api: Api<Secret> = Api::namespaced(ctx.client(), &export.namespace().unwrap_or_default());
     match api.get_opt(name).await {
-        Ok(Some(_)) => Ok(()),
+        Ok(Some(s)) => match conflict(
+            REASON_SECRET_CONFLICT,
+            "Secret",
+            &s.metadata,
+            export,
+            "Delete or rename it, or name a Secret of yours in spec.tokenSecretRef",
+        ) {
+            Some(f) => Err(f),
+            None => Ok(()),
+        },
         Ok(None) => {
             let s = build_token_secret(export, name, &generate_token(TOKEN_LENGTH));
             match ctx.writer.create(&api, &s).await {
@@ -197,11 +280,24 @@ pub(super) async fn ensure_token(
                         .await;
                     Ok(())
                 }
-                Err(e) if is_already_exists(&e) => Ok(()),
-                Err(e) => Err(format!("Secret {name}: {e}")),
+                // Created meanwhile (another leader, or someone else): whose is it?
+                Err(e) if is_already_exists(&e) => match api.get_opt(name).await {
+                    Ok(Some(s)) => match conflict(
+                        REASON_SECRET_CONFLICT,
+                        "Secret",
+                        &s.metadata,
+                        export,
+                        "Delete or rename it, or name a Secret of yours in spec.tokenSecretRef",
+                    ) {
+                        Some(f) => Err(f),
+                        None => Ok(()),
+                    },
+                    _ => Err(format!("Secret {name}: {e}").into()),
+                },
+                Err(e) => Err(format!("Secret {name}: {e}").into()),
             }
         }
-        Err(e) => Err(format!("Secret {name}: {e}")),
+        Err(e) => Err(format!("Secret {name}: {e}").into()),
     }
 }
 
@@ -210,14 +306,27 @@ pub(super) async fn ensure_cert_present(
     ctx: &Context,
     export: &VirtualMachineExport,
     ca: &Pem,
-) -> Result<(), String> {
+) -> Result<(), Failed> {
     let name = naming::cert_secret_name(&export.name_any());
     let api: Api<Secret> = Api::namespaced(ctx.client(), &export.namespace().unwrap_or_default());
     match api.get_opt(&name).await {
-        Ok(Some(_)) => Ok(()),
+        Ok(Some(s)) => match cert_conflict(&s, export) {
+            Some(f) => Err(f),
+            None => Ok(()),
+        },
         Ok(None) => ensure_cert(ctx, export, ca).await.map(|_| ()),
-        Err(e) => Err(format!("Secret {name}: {e}")),
+        Err(e) => Err(format!("Secret {name}: {e}").into()),
     }
+}
+
+fn cert_conflict(s: &Secret, export: &VirtualMachineExport) -> Option<Failed> {
+    conflict(
+        REASON_SECRET_CONFLICT,
+        "Secret",
+        &s.metadata,
+        export,
+        "Delete or rename it, or rename this export",
+    )
 }
 
 /// Ensures a valid serving certificate; returns its notAfter (§7.4.3).
@@ -225,7 +334,7 @@ pub(super) async fn ensure_cert(
     ctx: &Context,
     export: &VirtualMachineExport,
     ca: &Pem,
-) -> Result<jiff::Timestamp, String> {
+) -> Result<jiff::Timestamp, Failed> {
     let ns = export.namespace().unwrap_or_default();
     let svc = naming::service_name(&export.name_any());
     let name = naming::cert_secret_name(&export.name_any());
@@ -235,6 +344,9 @@ pub(super) async fn ensure_cert(
         .get_opt(&name)
         .await
         .map_err(|e| format!("Secret {name}: {e}"))?;
+    if let Some(f) = existing.as_ref().and_then(|s| cert_conflict(s, export)) {
+        return Err(f);
+    }
     if let Some(s) = &existing {
         let crt = s
             .data

@@ -5,7 +5,6 @@ pub mod agent;
 pub mod build;
 pub mod certs;
 pub mod children;
-pub mod duration;
 pub mod naming;
 pub mod optional;
 pub mod podcache;
@@ -24,7 +23,7 @@ use k8s_openapi::{
 };
 use kube::CustomResourceExt;
 
-use crate::runtime::{Feature, Runtime, cli::parse_go_duration};
+use crate::runtime::{Feature, Runtime};
 
 pub use types::{VirtualMachineExport, VirtualMachineExportSpec, VirtualMachineExportStatus};
 
@@ -83,11 +82,11 @@ pub struct Settings {
     pub ca_secret: String,
 
     /// Validity of serving certificates.
-    #[arg(long = "export-cert-duration", default_value = "24h", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long = "export-cert-duration", default_value = "24h", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub cert_duration: Duration,
 
     /// Renewal margin of serving certificates. Default: 20% of --export-cert-duration.
-    #[arg(long = "export-cert-renew-before", value_parser = parse_go_duration, value_name = "DURATION")]
+    #[arg(long = "export-cert-renew-before", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub cert_renew_before: Option<Duration>,
 
     /// CPU request of the export container.

@@ -20,7 +20,8 @@ use prometheus::{IntCounter, IntGaugeVec, Opts};
 use super::build::*;
 use super::certs::{self, Pem};
 use super::children::{
-    ensure_cert, ensure_cert_present, ensure_manifest, ensure_service, ensure_token,
+    Failed, REASON_POD_CONFLICT, conflict, ensure_cert, ensure_cert_present, ensure_manifest,
+    ensure_service, ensure_token,
 };
 use super::naming;
 use super::optional::{self, Kind, Optional};
@@ -51,6 +52,18 @@ impl ReconcileError for Error {
             Error::Kube(_) => "kube",
             Error::Ca(_) => "ca",
         }
+    }
+    fn metric_labels() -> &'static [&'static str] {
+        &[
+            "not_leader",
+            "forbidden",
+            "not_found",
+            "conflict",
+            "invalid",
+            "api",
+            "kube",
+            "ca",
+        ]
     }
     fn is_conflict(&self) -> bool {
         match self {
@@ -248,6 +261,26 @@ pub async fn reconcile(
             s
         }
     };
+    // What this pass computes replaces whatever the status says (another writer's values
+    // included, issue 21): the TTL from the creation time, and the one token name ucm uses.
+    let created = export
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or(now_ts);
+    status.ttl_expiration_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        ttl_expiration(created, ttl_duration(&export.spec).0),
+    ));
+    if status.token_secret_ref.is_some() {
+        status.token_secret_ref = Some(
+            export
+                .spec
+                .token_secret_ref
+                .clone()
+                .unwrap_or_else(|| naming::token_secret_name(&name)),
+        );
+    }
     let expiry = status
         .ttl_expiration_time
         .as_ref()
@@ -330,24 +363,30 @@ pub async fn reconcile(
     // Step 6: token, certificate, pod.
     let pod_name = naming::pod_name(&name);
     let mut pod = pods.get_opt(&pod_name).await?;
+    // A Pod of that name this export does not control is neither used, nor deleted, nor
+    // reported as ours.
+    if let Some(f) = pod.as_ref().and_then(|p| {
+        conflict(
+            REASON_POD_CONFLICT,
+            "Pod",
+            &p.metadata,
+            &export,
+            "Delete or rename it, or rename this export",
+        )
+    }) {
+        pod = None;
+        failure.get_or_insert_with(|| f.condition());
+    }
     if source.available && !source.volumes.is_empty() && failure.is_none() {
         let token_name = match &export.spec.token_secret_ref {
             Some(t) => Some(t.clone()),
             None => {
-                let n = status
-                    .token_secret_ref
-                    .clone()
-                    .unwrap_or_else(|| naming::token_secret_name(&name));
+                let n = naming::token_secret_name(&name);
                 status.token_secret_ref = Some(n.clone());
                 match ensure_token(&ctx, &export, &n).await {
                     Ok(()) => Some(n),
-                    Err(msg) => {
-                        failure = Some(condition(
-                            COND_READY,
-                            false,
-                            REASON_OBJECT_CREATION_FAILED,
-                            msg,
-                        ));
+                    Err(f) => {
+                        failure = Some(f.condition());
                         None
                     }
                 }
@@ -361,27 +400,13 @@ pub async fn reconcile(
         ) {
             match ensure_manifest(&ctx, &export, kind, &source.volumes).await {
                 Ok(ok) => vm_manifest = ok,
-                Err(msg) => {
-                    failure = Some(condition(
-                        COND_READY,
-                        false,
-                        REASON_OBJECT_CREATION_FAILED,
-                        msg,
-                    ))
-                }
+                Err(f) => failure = Some(f.condition()),
             }
         }
         if let (Some(token_name), None, None) = (token_name, &pod, &failure) {
             let ca = ctx.ca().await?;
             match ensure_cert(&ctx, &export, &ca).await {
-                Err(msg) => {
-                    failure = Some(condition(
-                        COND_READY,
-                        false,
-                        REASON_OBJECT_CREATION_FAILED,
-                        msg,
-                    ))
-                }
+                Err(f) => failure = Some(f.condition()),
                 Ok(not_after) => {
                     let volumes = dedup_volumes(source.volumes.clone());
                     let input = PodInput {
@@ -431,13 +456,8 @@ pub async fn reconcile(
             // A running pod keeps its certificate; only a deleted Secret is issued again, so
             // that the next pod (and the kubelet's remount) finds one.
             let ca = ctx.ca().await?;
-            if let Err(msg) = ensure_cert_present(&ctx, &export, &ca).await {
-                failure = Some(condition(
-                    COND_READY,
-                    false,
-                    REASON_OBJECT_CREATION_FAILED,
-                    msg,
-                ));
+            if let Err(f) = ensure_cert_present(&ctx, &export, &ca).await {
+                failure = Some(f.condition());
             }
         }
     }
@@ -489,17 +509,32 @@ pub async fn reconcile(
     }
 
     if let Some(f) = &failure
-        && f.reason.as_deref() == Some(REASON_OBJECT_CREATION_FAILED)
+        && let Some(reason) = f.reason.as_deref()
+        && (reason == REASON_OBJECT_CREATION_FAILED || Failed::is_conflict(reason))
     {
-        ctx.writer
-            .event(
-                &oref,
-                EventType::Warning,
-                REASON_OBJECT_CREATION_FAILED,
-                "Create",
-                f.message.clone().unwrap_or_default(),
-            )
-            .await;
+        // A conflict is told once, when the condition first says so.
+        let told = old_status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                Failed::is_conflict(reason)
+                    && cs.iter().any(|c| {
+                        c.type_ == COND_READY
+                            && c.reason.as_deref() == Some(reason)
+                            && c.message == f.message
+                    })
+            });
+        if !told {
+            ctx.writer
+                .event(
+                    &oref,
+                    EventType::Warning,
+                    reason,
+                    "Create",
+                    f.message.clone().unwrap_or_default(),
+                )
+                .await;
+        }
     }
 
     // Step 8: the status.
@@ -568,9 +603,15 @@ async fn write_status(
     export: &VirtualMachineExport,
     status: &VirtualMachineExportStatus,
 ) -> Result<(), Error> {
+    // A merge patch of the difference, with nulls for what this pass no longer reports (a
+    // forged `links`), so the whole computed status is what the object ends up with.
+    let Some(patch) = crate::runtime::writer::status_merge_patch(export.status.as_ref(), status)
+    else {
+        return Ok(());
+    };
     let rv = export.resource_version().unwrap_or_default();
     ctx.writer
-        .merge_status_fenced(api, &export.name_any(), &rv, status)
+        .merge_status_fenced(api, &export.name_any(), &rv, &patch)
         .await?;
     Ok(())
 }
@@ -717,7 +758,9 @@ pub async fn run(rt: Runtime, cfg: Config) {
         CONTROLLER,
         rt.watched(),
         watcher::Config::default(),
-        Trigger::SpecAndFinalizers,
+        // A status another writer changed is corrected at once (issue 21); our own writes
+        // trigger nothing.
+        Trigger::SpecFinalizersAndForeignStatus,
     );
     let store = controller.store();
 

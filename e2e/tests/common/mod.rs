@@ -65,6 +65,11 @@ impl Harness {
     /// Starts a control plane (always with kube-controller-manager) in `dir`. With `keep`, the
     /// directory survives for a restart on the same data and ports.
     pub fn start_in(dir: &Path, rm_dir: bool) -> Harness {
+        Harness::start_with(dir, rm_dir, &[])
+    }
+
+    /// As [`Harness::start_in`], with extra kube-apiserver flags (e.g. an audit log).
+    pub fn start_with(dir: &Path, rm_dir: bool, apiserver_args: &[String]) -> Harness {
         std::fs::create_dir_all(dir.parent().unwrap_or(dir)).unwrap();
         let log_path = dir.with_extension("log");
         let log = std::fs::OpenOptions::new()
@@ -81,6 +86,10 @@ impl Harness {
         ];
         if rm_dir {
             args.push("--rm-dir".into());
+        }
+        if !apiserver_args.is_empty() {
+            args.push("--".into());
+            args.extend(apiserver_args.iter().cloned());
         }
         let mut child = Command::new(kharness_bin())
             .args(&args)
@@ -142,6 +151,34 @@ impl Harness {
         h
     }
 
+    /// A control plane of the test's own whose API server writes an audit log (JSON, metadata
+    /// level) of every request made by a ServiceAccount: the API server's own count of what the
+    /// manager sent, independent of anything the manager reports.
+    pub fn start_audited() -> (Harness, Audit) {
+        let tmp = tempfile::Builder::new()
+            .prefix("ucm-e2e-audit-")
+            .tempdir()
+            .unwrap();
+        let policy = tmp.path().join("audit-policy.yaml");
+        let log = tmp.path().join("audit.log");
+        std::fs::write(
+            &policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n\
+             - level: Metadata\n  userGroups: [\"system:serviceaccounts\"]\n- level: None\n",
+        )
+        .unwrap();
+        let args = [
+            format!("--audit-policy-file={}", policy.display()),
+            format!("--audit-log-path={}", log.display()),
+            "--audit-log-format=json".into(),
+            "--audit-log-maxsize=0".into(),
+            "--audit-log-mode=blocking".into(),
+        ];
+        let mut h = Harness::start_with(&tmp.path().join("cluster"), false, &args);
+        h._tmp = Some(tmp);
+        (h, Audit { path: log })
+    }
+
     pub fn user_kubeconfig(&self) -> PathBuf {
         self.kubeconfig.with_file_name("kubeconfig-user")
     }
@@ -160,6 +197,67 @@ impl Drop for Harness {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// An API server audit log (see [`Harness::start_audited`]).
+pub struct Audit {
+    pub path: PathBuf,
+}
+
+/// One request as the API server audited it.
+#[derive(Debug, Clone)]
+pub struct AuditedRequest {
+    pub user: String,
+    pub verb: String,
+    pub resource: String,
+    pub name: String,
+    pub code: u16,
+}
+
+impl AuditedRequest {
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
+    }
+}
+
+impl Audit {
+    /// The log's current length: requests after it are [`Audit::since`] it.
+    pub fn offset(&self) -> u64 {
+        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Every completed request logged after `offset`.
+    pub fn since(&self, offset: u64) -> Vec<AuditedRequest> {
+        let text = std::fs::read(&self.path).unwrap_or_default();
+        let tail = &text[(offset as usize).min(text.len())..];
+        String::from_utf8_lossy(tail)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["stage"] == "ResponseComplete")
+            .map(|e| AuditedRequest {
+                user: e["user"]["username"].as_str().unwrap_or("").into(),
+                verb: e["verb"].as_str().unwrap_or("").into(),
+                resource: e["objectRef"]["resource"].as_str().unwrap_or("").into(),
+                name: e["objectRef"]["name"].as_str().unwrap_or("").into(),
+                code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
+            })
+            .collect()
+    }
+}
+
+/// CPU time (user + system) a process has used so far, from /proc/<pid>/stat.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
+    // Fields after the command name (which may hold spaces), from field 3 on.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // USER_HZ is 100 on every Linux this runs on.
+    Duration::from_millis(ticks * 10)
 }
 
 /// The shared control plane of this test binary: `UCM_E2E_KUBECONFIG`, else one started here and
@@ -201,7 +299,10 @@ pub async fn client_for(kubeconfig: &Path) -> Client {
 /// Installs every ucm CRD with SSA (field manager `ucm-e2e`) and waits until Established.
 pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crds: Vec<_> = ucm::FEATURES.iter().flat_map(|f| (f.crds)()).collect();
+    let crds: Vec<_> = ucm::FEATURES
+        .iter()
+        .flat_map(|f| f.installed_crds())
+        .collect();
     for crd in &crds {
         apply_crd(&api, crd).await;
     }
@@ -422,6 +523,8 @@ pub struct ManagerOpts<'a> {
     pub env: Vec<(String, String)>,
     /// Authenticate as the shipped identity (the default) or use `kubeconfig` as it is.
     pub shipped_identity: bool,
+    /// The shipped identity's ServiceAccount name (default: one per feature set).
+    pub service_account: Option<String>,
 }
 
 impl<'a> ManagerOpts<'a> {
@@ -434,7 +537,15 @@ impl<'a> ManagerOpts<'a> {
             extra: vec![],
             env: vec![],
             shipped_identity: true,
+            service_account: None,
         }
+    }
+
+    /// Run as the shipped identity under a ServiceAccount of this name, so the API server's
+    /// audit log tells this manager's requests from another's.
+    pub fn service_account(mut self, name: &str) -> Self {
+        self.service_account = Some(name.into());
+        self
     }
 
     /// Run with `kubeconfig`'s own credentials instead of the shipped identity (for tests that
@@ -489,6 +600,7 @@ impl Manager {
                 opts.kubeconfig,
                 opts.namespace,
                 &opts.enabled_features(),
+                opts.service_account.as_deref(),
                 tmp.path(),
             )
         } else {
@@ -709,14 +821,22 @@ const E2E_NS_LABEL: &str = "ucm.io/e2e-namespace";
 /// election, so every e2e test proves the shipped RBAC is enough (issue 8). The ClusterRoles are
 /// installed under an `ucm-e2e-` prefix (identical for every test of a run); the Roles and the
 /// ServiceAccount live in `ns`. Blocking: kubectl does the work.
-pub fn shipped_identity(admin: &Path, ns: &str, features: &[&str], dir: &Path) -> PathBuf {
+pub fn shipped_identity(
+    admin: &Path,
+    ns: &str,
+    features: &[&str],
+    service_account: Option<&str>,
+    dir: &Path,
+) -> PathBuf {
     let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
         .arg("rbac")
         .output()
         .expect("ucm rbac");
     assert!(out.status.success(), "ucm rbac failed");
     let text = String::from_utf8(out.stdout).unwrap();
-    let sa = format!("ucm-manager-{}", features.join("-"));
+    let sa = service_account
+        .map(String::from)
+        .unwrap_or_else(|| format!("ucm-manager-{}", features.join("-")));
     let mut docs = vec![serde_json::json!({
         "apiVersion": "v1", "kind": "ServiceAccount",
         "metadata": {"name": sa, "namespace": ns},

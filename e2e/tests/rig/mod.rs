@@ -843,7 +843,7 @@ pub fn alive(pid: u32) -> bool {
 /// with), pointed at the proxy on `proxy_port`. Created through the direct address, so it
 /// works while the proxy refuses connections.
 pub fn shipped_identity_via(w: &World, features: &[&str], proxy_port: u16) -> PathBuf {
-    let identity = shipped_identity(&w.kubeconfig, &w.ns, features, w.dir.path());
+    let identity = shipped_identity(&w.kubeconfig, &w.ns, features, None, w.dir.path());
     let via = w.dir.path().join("kubeconfig-via-proxy");
     kubeconfig_via(&identity, proxy_port, &via);
     via

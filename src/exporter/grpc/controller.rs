@@ -754,7 +754,7 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
                 .spec
                 .duration
                 .as_deref()
-                .and_then(|d| super::super::godur::parse(d).ok())
+                .and_then(|d| crate::godur::parse_signed(d).ok())
                 .map(|d| prost_types::Duration {
                     seconds: d.as_secs(),
                     nanos: d.subsec_nanos(),

@@ -14,8 +14,9 @@ use super::super::config::ControllerConfig;
 use super::super::proto::jumpstarter::client::v1 as cpb;
 use super::super::proto::jumpstarter::v1 as pb;
 use super::super::types::{Exporter, ExporterStatusValue, Lease, LeaseSpec, LocalObjectReference};
-use super::super::{exporter_status, godur, selector};
+use super::super::{exporter_status, selector};
 use crate::conditions;
+use crate::godur;
 
 /// Lease labels mirroring `spec.tags` carry this prefix (rule 6.7.3).
 pub const TAG_LABEL_PREFIX: &str = "metadata.jumpstarter.dev/";
@@ -204,45 +205,6 @@ pub fn tag_filter_selector(tag_filter: &str) -> Result<Option<String>, String> {
 // Durations and times
 // ---------------------------------------------------------------------------------------------
 
-/// Go's `time.Duration.String()`, the form `metav1.Duration` serialises to (`1h30m0s`, `1.5s`).
-pub fn go_duration(d: SignedDuration) -> String {
-    if d.is_zero() {
-        return "0s".into();
-    }
-    let sign = if d.is_negative() { "-" } else { "" };
-    let total = d.as_nanos().unsigned_abs();
-    let frac = |value: u128, unit: u128| {
-        let (whole, rest) = (value / unit, value % unit);
-        if rest == 0 {
-            whole.to_string()
-        } else {
-            let digits = unit.to_string().len() - 1;
-            let f = format!("{rest:0digits$}");
-            format!("{whole}.{}", f.trim_end_matches('0'))
-        }
-    };
-    if total < 1_000 {
-        return format!("{sign}{total}ns");
-    }
-    if total < 1_000_000 {
-        return format!("{sign}{}µs", frac(total, 1_000));
-    }
-    if total < 1_000_000_000 {
-        return format!("{sign}{}ms", frac(total, 1_000_000));
-    }
-    let secs_nanos = total % 60_000_000_000;
-    let minutes = (total / 60_000_000_000) % 60;
-    let hours = total / 3_600_000_000_000;
-    let s = format!("{}s", frac(secs_nanos, 1_000_000_000));
-    if hours > 0 {
-        format!("{sign}{hours}h{minutes}m{s}")
-    } else if minutes > 0 {
-        format!("{sign}{minutes}m{s}")
-    } else {
-        format!("{sign}{s}")
-    }
-}
-
 pub fn ts_from_pb(t: &prost_types::Timestamp) -> Result<Timestamp, String> {
     Timestamp::new(t.seconds, t.nanos).map_err(|e| format!("invalid timestamp: {e}"))
 }
@@ -294,9 +256,10 @@ pub fn reconcile_time_fields(t: TimeFields) -> Result<TimeFields, String> {
         None => Err(
             "duration is required (must specify Duration, or both BeginTime and EndTime)".into(),
         ),
-        Some(d) if !d.is_positive() => {
-            Err(format!("duration must be positive, got {}", go_duration(d)))
-        }
+        Some(d) if !d.is_positive() => Err(format!(
+            "duration must be positive, got {}",
+            godur::format_signed(d)
+        )),
         Some(_) => Ok(out),
     }
 }
@@ -306,7 +269,10 @@ pub fn spec_times(spec: &LeaseSpec) -> TimeFields {
     TimeFields {
         begin: spec.begin_time.as_ref().map(|t| t.0),
         end: spec.end_time.as_ref().map(|t| t.0),
-        duration: spec.duration.as_deref().and_then(|d| godur::parse(d).ok()),
+        duration: spec
+            .duration
+            .as_deref()
+            .and_then(|d| godur::parse_signed(d).ok()),
     }
 }
 
@@ -314,7 +280,7 @@ pub fn spec_times(spec: &LeaseSpec) -> TimeFields {
 pub fn set_spec_times(spec: &mut LeaseSpec, t: TimeFields) {
     spec.begin_time = t.begin.map(conditions::truncate);
     spec.end_time = t.end.map(conditions::truncate);
-    spec.duration = t.duration.map(go_duration);
+    spec.duration = t.duration.map(godur::format_signed);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -477,7 +443,7 @@ pub fn lease_to_pb(l: &Lease, now: Timestamp) -> cpb::Lease {
             .spec
             .duration
             .as_deref()
-            .and_then(|d| godur::parse(d).ok())
+            .and_then(|d| godur::parse_signed(d).ok())
             .map(dur_to_pb),
         effective_duration,
         begin_time: l.spec.begin_time.as_ref().map(ts_to_pb),
@@ -599,23 +565,6 @@ mod tests {
         assert!(parse_object("namespaces/lab/exporters/l1", "leases").is_err());
         assert!(parse_namespace("lab").is_err());
         assert!(parse_namespace("namespaces/").is_err());
-    }
-
-    #[test]
-    fn go_duration_strings() {
-        let s = |secs: i64, nanos: i32| go_duration(SignedDuration::new(secs, nanos));
-        assert_eq!(s(0, 0), "0s");
-        assert_eq!(s(1800, 0), "30m0s");
-        assert_eq!(s(5400, 0), "1h30m0s");
-        assert_eq!(s(86400, 0), "24h0m0s");
-        assert_eq!(s(1, 500_000_000), "1.5s");
-        assert_eq!(s(0, 1_500_000), "1.5ms");
-        assert_eq!(s(0, 2_000), "2µs");
-        assert_eq!(s(0, 7), "7ns");
-        assert_eq!(s(-90, 0), "-1m30s");
-        for v in ["30m0s", "1h30m0s", "1.5s", "1.5ms", "2µs", "-1m30s"] {
-            assert_eq!(go_duration(godur::parse(v).unwrap()), v);
-        }
     }
 
     #[test]
