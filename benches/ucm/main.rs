@@ -128,7 +128,12 @@ async fn main() {
     // a merge of two partial runs), running nothing.
     if std::env::var("UCM_BENCH_RENDER_ONLY").as_deref() == Ok("1") {
         let out = std::env::var("UCM_BENCH_OUT").unwrap_or_else(|_| "bench".into());
-        report::write(std::path::Path::new(&out), report::Results::default(), METHODS).unwrap();
+        report::write(
+            std::path::Path::new(&out),
+            report::Results::default(),
+            METHODS,
+        )
+        .unwrap();
         return;
     }
     // `cargo bench` passes `--bench`; nothing else is accepted.
