@@ -82,6 +82,17 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
     let client = client(args.kubeconfig.as_deref()).await?;
     let metrics = Arc::new(Metrics::new());
     let agent_metrics = AgentMetrics::register(&metrics.registry);
+    // Every configured backend's histograms exist from the start (empty, not absent), so a
+    // dashboard panel shows 0 before the first round, not "No data".
+    for b in pools.values() {
+        let kind = b.kind();
+        agent_metrics
+            .barrier_held_seconds
+            .with_label_values(&[kind.as_str()]);
+        agent_metrics
+            .cut_seconds
+            .with_label_values(&[kind.as_str()]);
+    }
     let health = Health::new();
     let token = CancellationToken::new();
     shutdown::install(token.clone());
