@@ -38,13 +38,13 @@ pub trait ReconcileError: std::error::Error + Send + Sync + 'static {
     fn is_conflict(&self) -> bool {
         false
     }
-    /// Every label [`ReconcileError::metric_label`] can return, initialised at 0 at start.
-    /// The default is the write errors' set; errors with labels of their own add them.
-    fn metric_labels() -> &'static [&'static str]
+    /// The labels [`ReconcileError::metric_label`] can return besides the write errors' own
+    /// ([`super::writer::WriteError::METRIC_LABELS`]); all of them start at 0.
+    fn own_metric_labels() -> &'static [&'static str]
     where
         Self: Sized,
     {
-        super::writer::WriteError::METRIC_LABELS
+        &[]
     }
 }
 
@@ -338,7 +338,10 @@ pub async fn run<K, C, E, F, Fut>(
         backoff_cap,
         writer: rt.writer(name),
     });
-    runner.metrics.init_reasons(E::metric_labels());
+    runner
+        .metrics
+        .init_reasons(super::writer::WriteError::METRIC_LABELS);
+    runner.metrics.init_reasons(E::own_metric_labels());
     let reconcile = Arc::new(reconcile);
     let metrics = runner.metrics.clone();
     controller

@@ -58,19 +58,8 @@ impl ReconcileError for Error {
         }
     }
 
-    fn metric_labels() -> &'static [&'static str] {
-        &[
-            "not_leader",
-            "forbidden",
-            "not_found",
-            "conflict",
-            "invalid",
-            "api",
-            "kube",
-            "read",
-            "fenced",
-            "encode",
-        ]
+    fn own_metric_labels() -> &'static [&'static str] {
+        &["read", "fenced", "encode"]
     }
 
     fn is_conflict(&self) -> bool {

@@ -53,17 +53,8 @@ impl ReconcileError for Error {
             Error::Ca(_) => "ca",
         }
     }
-    fn metric_labels() -> &'static [&'static str] {
-        &[
-            "not_leader",
-            "forbidden",
-            "not_found",
-            "conflict",
-            "invalid",
-            "api",
-            "kube",
-            "ca",
-        ]
+    fn own_metric_labels() -> &'static [&'static str] {
+        &["ca"]
     }
     fn is_conflict(&self) -> bool {
         match self {
