@@ -251,17 +251,19 @@ pub(super) async fn ensure_token(
     name: &str,
 ) -> Result<(), Failed> {
     let api: Api<Secret> = Api::namespaced(ctx.client(), &export.namespace().unwrap_or_default());
+    // An existing Secret is used only when this export controls it.
+    let ours = |s: &Secret| match conflict(
+        REASON_SECRET_CONFLICT,
+        "Secret",
+        &s.metadata,
+        export,
+        "Delete or rename it, or name a Secret of yours in spec.tokenSecretRef",
+    ) {
+        Some(f) => Err(f),
+        None => Ok(()),
+    };
     match api.get_opt(name).await {
-        Ok(Some(s)) => match conflict(
-            REASON_SECRET_CONFLICT,
-            "Secret",
-            &s.metadata,
-            export,
-            "Delete or rename it, or name a Secret of yours in spec.tokenSecretRef",
-        ) {
-            Some(f) => Err(f),
-            None => Ok(()),
-        },
+        Ok(Some(s)) => ours(&s),
         Ok(None) => {
             let s = build_token_secret(export, name, &generate_token(TOKEN_LENGTH));
             match ctx.writer.create(&api, &s).await {
@@ -282,16 +284,7 @@ pub(super) async fn ensure_token(
                 }
                 // Created meanwhile (another leader, or someone else): whose is it?
                 Err(e) if is_already_exists(&e) => match api.get_opt(name).await {
-                    Ok(Some(s)) => match conflict(
-                        REASON_SECRET_CONFLICT,
-                        "Secret",
-                        &s.metadata,
-                        export,
-                        "Delete or rename it, or name a Secret of yours in spec.tokenSecretRef",
-                    ) {
-                        Some(f) => Err(f),
-                        None => Ok(()),
-                    },
+                    Ok(Some(s)) => ours(&s),
                     _ => Err(format!("Secret {name}: {e}").into()),
                 },
                 Err(e) => Err(format!("Secret {name}: {e}").into()),

@@ -225,6 +225,12 @@ pub async fn reconcile(
     let name = export.name_any();
     let now_ts = jiff::Timestamp::now();
     let now = crate::conditions::truncate(now_ts);
+    let created = export
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or(now_ts);
     let exports: Api<VirtualMachineExport> = Api::namespaced(ctx.client(), &ns);
     let oref = object_ref(&export);
 
@@ -239,12 +245,6 @@ pub async fn reconcile(
                     .event(&oref, EventType::Warning, "InvalidTTL", "Initialize", w)
                     .await;
             }
-            let created = export
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| t.0)
-                .unwrap_or(now_ts);
             let mut s = initial_status(ttl_expiration(created, ttl), &now);
             if let Some(o) = other {
                 s.token_secret_ref = o.token_secret_ref.clone();
@@ -254,12 +254,6 @@ pub async fn reconcile(
     };
     // What this pass computes replaces whatever the status says (another writer's values
     // included, issue 21): the TTL from the creation time, and the one token name ucm uses.
-    let created = export
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0)
-        .unwrap_or(now_ts);
     status.ttl_expiration_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         ttl_expiration(created, ttl_duration(&export.spec).0),
     ));
