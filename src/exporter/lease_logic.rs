@@ -55,11 +55,12 @@ pub enum Assignment {
 pub struct AssignInputs<'a> {
     pub lease: &'a Lease,
     /// Every Exporter in the lease's namespace.
-    pub exporters: &'a [Exporter],
-    /// The active Leases in the namespace (no ended label, `status.ended` false).
-    pub active_leases: &'a [Lease],
+    pub exporters: &'a [&'a Exporter],
+    /// The active Leases in the namespace (no ended label, `status.ended` false), with the
+    /// assignments this replica made that the cache does not show yet.
+    pub active_leases: &'a [&'a Lease],
     /// The ExporterAccessPolicies in the namespace.
-    pub policies: &'a [ExporterAccessPolicy],
+    pub policies: &'a [&'a ExporterAccessPolicy],
     /// The lease's Client; only read when policies exist.
     pub client: Option<&'a Client>,
     pub now: Timestamp,
@@ -83,8 +84,10 @@ fn name_of(e: &Exporter) -> &str {
     e.metadata.name.as_deref().unwrap_or_default()
 }
 
-fn labels_of(e: &Exporter) -> std::collections::BTreeMap<String, String> {
-    e.metadata.labels.clone().unwrap_or_default()
+static NO_LABELS: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+
+fn labels_of(e: &Exporter) -> &std::collections::BTreeMap<String, String> {
+    e.metadata.labels.as_ref().unwrap_or(&NO_LABELS)
 }
 
 /// The requested duration for policy limits: `spec.duration`, else `endTime − beginTime`.
@@ -169,14 +172,13 @@ pub fn decide_assignment(inp: &AssignInputs<'_>) -> Assignment {
     }
 
     let matching: Vec<&Exporter> = if let Some(name) = pinned {
-        let Some(exporter) = inp.exporters.iter().find(|e| name_of(e) == name) else {
+        let Some(exporter) = inp.exporters.iter().copied().find(|e| name_of(e) == name) else {
             return Assignment::Unsatisfiable {
                 reason: "ExporterNotFound",
                 message: format!("Requested exporter {name} was not found"),
             };
         };
-        if !selector::is_empty(sel)
-            && !selector::matches(sel, &labels_of(exporter)).unwrap_or(false)
+        if !selector::is_empty(sel) && !selector::matches(sel, labels_of(exporter)).unwrap_or(false)
         {
             return Assignment::Unsatisfiable {
                 reason: "SelectorMismatch",
@@ -199,7 +201,8 @@ pub fn decide_assignment(inp: &AssignInputs<'_>) -> Assignment {
         let listed: Vec<&Exporter> = inp
             .exporters
             .iter()
-            .filter(|e| selector::matches(sel, &labels_of(e)).unwrap_or(false))
+            .copied()
+            .filter(|e| selector::matches(sel, labels_of(e)).unwrap_or(false))
             .collect();
         let enabled = filter_out_disabled(&listed);
         if enabled.is_empty() && !listed.is_empty() {
@@ -396,7 +399,7 @@ fn approve<'a>(
         let labels = labels_of(exporter);
         for policy in inp.policies {
             let exporter_selector = policy.spec.exporter_selector.clone().unwrap_or_default();
-            if !selector::matches(&exporter_selector, &labels).unwrap_or(false) {
+            if !selector::matches(&exporter_selector, labels).unwrap_or(false) {
                 continue;
             }
             for rule in policy.spec.policies.iter().flatten() {
@@ -439,7 +442,7 @@ fn approve<'a>(
 }
 
 /// Entries of the policies that can never approve anything, named for the NoAccess message.
-fn policy_problems(policies: &[ExporterAccessPolicy]) -> Vec<String> {
+fn policy_problems(policies: &[&ExporterAccessPolicy]) -> Vec<String> {
     let mut out = Vec::new();
     for p in policies {
         let name = p.metadata.name.as_deref().unwrap_or_default();
@@ -472,7 +475,7 @@ fn policy_problems(policies: &[ExporterAccessPolicy]) -> Vec<String> {
 }
 
 /// Attach each candidate's active lease (its spot flag), the last one in list order as upstream.
-fn attach_existing<'a>(mut approved: Vec<Approved<'a>>, active: &[Lease]) -> Vec<Approved<'a>> {
+fn attach_existing<'a>(mut approved: Vec<Approved<'a>>, active: &[&Lease]) -> Vec<Approved<'a>> {
     for a in &mut approved {
         for lease in active {
             let status = lease.status.as_ref();

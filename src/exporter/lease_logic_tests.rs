@@ -191,9 +191,9 @@ impl World {
     fn decide(&self, lease: &Lease) -> Assignment {
         decide_assignment(&AssignInputs {
             lease,
-            exporters: &self.exporters,
-            active_leases: &self.active,
-            policies: &self.policies,
+            exporters: &self.exporters.iter().collect::<Vec<_>>(),
+            active_leases: &self.active.iter().collect::<Vec<_>>(),
+            policies: &self.policies.iter().collect::<Vec<_>>(),
             client: self.client.as_ref(),
             now: ts(NOW),
         })

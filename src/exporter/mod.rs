@@ -12,6 +12,7 @@ pub mod grpc;
 pub mod lease_hooks;
 pub mod lease_logic;
 pub mod metrics;
+pub mod own_writes;
 pub mod proto;
 pub mod reconcile;
 pub mod router;
@@ -52,8 +53,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     ]
 }
 
-/// Spec §9 RBAC (cluster-wide form). `exporters/finalizers` lets the controller ownerRefs on
-/// Secrets and Leases set `blockOwnerDeletion`.
+/// Spec §9 RBAC (cluster-wide form). `exporters/finalizers` and `clients/finalizers` let the
+/// controller ownerRefs on credential Secrets and Leases set `blockOwnerDeletion`.
 pub fn rbac() -> Vec<PolicyRule> {
     const ALL: &[&str] = &[
         "get", "list", "watch", "create", "update", "patch", "delete",
@@ -69,7 +70,11 @@ pub fn rbac() -> Vec<PolicyRule> {
             &["exporters/status", "leases/status", "clients/status"],
             &["get", "update", "patch"],
         ),
-        rule(&["jumpstarter.dev"], &["exporters/finalizers"], &["update"]),
+        rule(
+            &["jumpstarter.dev"],
+            &["exporters/finalizers", "clients/finalizers"],
+            &["update"],
+        ),
         rule(
             &["jumpstarter.dev"],
             &["exporteraccesspolicies"],
@@ -123,40 +128,67 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         .register(&rt.metrics.registry)
         .map_err(|e| format!("cannot register exporter metrics: {e}"))?;
 
-    // The active Leases (no ended label) the Exporter pass reads its held lease from. The same
-    // watch triggers the Exporter passes, and a reflector stores an event before passing it on,
-    // so a pass a Lease change triggers always reads that change.
-    let (active_leases, lease_changes) = rt.reflect(
-        "exporter-leases",
+    // One watch and one cache per kind, each feeding every controller that maps it (issue 17:
+    // lease assignment reads only caches). A pass reads the cache its trigger came through,
+    // and a reflector stores an event before passing it on, so a pass always reads the change
+    // that triggered it.
+    // Exporters: the Exporter controller's primary and the pending leases' wake-ups.
+    let (exporters, exporter_events) = rt.reflect_fanout(
+        "exporter",
+        rt.watched::<Guarded<Exporter>>(),
+        watcher::Config::default(),
+        2,
+    );
+    // Active Leases (no ended label; rule 6.1.1: the selector drops ended leases from the watch
+    // and its cache, and admits an ended lease that lacks the label, so it is backfilled).
+    let (leases, lease_events) = rt.reflect_fanout(
+        "lease",
         rt.watched::<Guarded<Lease>>(),
         active_lease_watch(),
+        2,
     );
-    let ctx = Arc::new(reconcile::Ctx {
-        writer: rt.writer("exporter"),
-        client: rt.client.clone(),
-        settings,
-        key,
-        metrics,
-        active_leases,
-        invalid_objects: rt.metrics.invalid_objects_total.clone(),
-        stale_exporters: Default::default(),
-    });
+    let (clients, client_events) = rt.reflect_fanout(
+        "client",
+        rt.watched::<Guarded<Client>>(),
+        watcher::Config::default(),
+        2,
+    );
+    // Credential Secrets, metadata only (no Secret data is cached): the cache tells a pass
+    // that a Secret does not exist, and its changes trigger their owners.
+    let (secrets, secret_events) = rt.reflect_fanout(
+        "exporter-secrets",
+        rt.watched::<PartialObjectMeta<Secret>>(),
+        watcher::Config::default(),
+        2,
+    );
+    let (policies, policy_changes) = rt.reflect(
+        "exporter-policies",
+        rt.watched::<Guarded<ExporterAccessPolicy>>(),
+        watcher::Config::default(),
+    );
+    let [exporter_primary, exporter_wakes] = two(exporter_events);
+    let [lease_primary, lease_wakes] = two(lease_events);
+    let [client_primary, client_wakes] = two(client_events);
+    let [exporter_secrets, client_secrets] = two(secret_events);
 
     // Exporter: its own changes (status included: the gRPC service writes conditions), except
     // heartbeats that move `lastSeen` alone (nothing derived changes, and the last pass's timer
     // still runs); owned Secrets; and Leases mapped by their controller owner or by
     // status.exporterRef (a lease that ends leaves the label-selected watch as a deletion).
     let exporter_ctl = rt
-        .controller::<Exporter>(
+        .controller_on::<Exporter>(
             "exporter",
-            rt.watched(),
-            watcher::Config::default(),
+            exporters.clone(),
+            exporter_primary,
             Trigger::AnyChangeExceptStatus(&["lastSeen"]),
         )
-        .watches_stream(secret_changes(&rt), |s: PartialObjectMeta<Secret>| {
-            credential_owners::<Exporter>(&s.metadata, "Exporter", "-exporter")
-        })
-        .watches_stream(lease_changes, |lease: Guarded<Lease>| {
+        .watches_stream(
+            exporter_secrets.touched_objects(),
+            |s: PartialObjectMeta<Secret>| {
+                credential_owners::<Exporter>(&s.metadata, "Exporter", "-exporter")
+            },
+        )
+        .watches_stream(lease_wakes.touched_objects(), |lease: Guarded<Lease>| {
             // An unreadable Lease names no exporter anyone can trust.
             let Ok(lease) = lease.0 else {
                 return Vec::new();
@@ -183,96 +215,91 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         });
     rt.metrics
         .registry
-        .register(Box::new(metrics::ExporterGauges::new(exporter_ctl.store())))
+        .register(Box::new(metrics::ExporterGauges::new(exporters.clone())))
         .map_err(|e| format!("cannot register exporter gauges: {e}"))?;
 
-    // Lease: every change of a lease without the ended label (rule 6.1.1: the label selector
-    // drops ended leases from the watch and its cache, and admits an ended lease that lacks the
-    // label, so the label is backfilled), plus pending leases that an Exporter change may satisfy.
-    let lease_ctl = rt.controller::<Lease>(
-        "lease",
-        rt.watched(),
-        active_lease_watch(),
-        Trigger::AnyChange,
-    );
-    let lease_store = lease_ctl.store();
-    let (policy_store, client_store) = (lease_store.clone(), lease_store.clone());
-    // Exporter changes wake the pending leases they may satisfy; a heartbeat that moves only
-    // `lastSeen` changes nothing a lease waits for and wakes none.
-    let exporter_changes = watcher(
-        rt.watched::<Guarded<Exporter>>(),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects()
-    .predicate_filter(
-        |e: &Guarded<Exporter>| crate::runtime::controller::hash_except_status(e, &["lastSeen"]),
-        Default::default(),
-    );
-    let lease_ctl = lease_ctl
-        .watches(
-            rt.watched::<Guarded<ExporterAccessPolicy>>(),
-            watcher::Config::default(),
+    // Lease: every change of an active lease, plus the pending leases that a change of an
+    // Exporter, a policy or a Client may satisfy.
+    let (policy_leases, client_leases, exporter_leases) =
+        (leases.clone(), leases.clone(), leases.clone());
+    let lease_ctl = rt
+        .controller_on::<Lease>("lease", leases.clone(), lease_primary, Trigger::AnyChange)
+        .watches_stream(
+            policy_changes,
             move |policy: Guarded<ExporterAccessPolicy>| {
                 let ns = policy.meta().namespace.clone().unwrap_or_default();
-                pending_leases(&policy_store, &ns, |_| true)
+                pending_leases(&policy_leases, &ns, |_| true)
             },
         )
-        .watches(
-            rt.watched::<Guarded<Client>>(),
-            watcher::Config::default(),
+        .watches_stream(
+            client_wakes.touched_objects(),
             move |client: Guarded<Client>| {
                 let ns = client.meta().namespace.clone().unwrap_or_default();
                 let name = client.meta().name.clone().unwrap_or_default();
-                pending_leases(&client_store, &ns, |l| l.spec.client_ref.name == name)
+                pending_leases(&client_leases, &ns, |l| l.spec.client_ref.name == name)
+            },
+        )
+        // A heartbeat that moves only `lastSeen` changes nothing a lease waits for.
+        .watches_stream(
+            exporter_wakes.touched_objects().predicate_filter(
+                |e: &Guarded<Exporter>| {
+                    crate::runtime::controller::hash_except_status(e, &["lastSeen"])
+                },
+                Default::default(),
+            ),
+            move |exporter: Guarded<Exporter>| {
+                // An unreadable Exporter is no candidate; its own pass reports it.
+                let Ok(exporter) = exporter.0 else {
+                    return Vec::new();
+                };
+                let ns = exporter.metadata.namespace.clone().unwrap_or_default();
+                let name = exporter.metadata.name.clone().unwrap_or_default();
+                let labels = exporter.metadata.labels.clone().unwrap_or_default();
+                pending_leases(&exporter_leases, &ns, |lease| {
+                    lease.spec.exporter_ref_name() == Some(name.as_str())
+                        || selector::matches(&lease.spec.selector, &labels).unwrap_or(false)
+                })
             },
         );
-    let lease_ctl =
-        lease_ctl.watches_stream(exporter_changes, move |exporter: Guarded<Exporter>| {
-            // An unreadable Exporter is no candidate; its own pass reports it.
-            let Ok(exporter) = exporter.0 else {
-                return Vec::new();
-            };
-            let ns = exporter.metadata.namespace.clone().unwrap_or_default();
-            let name = exporter.metadata.name.clone().unwrap_or_default();
-            let labels = exporter.metadata.labels.clone().unwrap_or_default();
-            lease_store
-                .state()
-                .into_iter()
-                .filter_map(|guard| guard.0.as_ref().ok().cloned())
-                .filter(|lease| {
-                    lease.metadata.namespace.as_deref() == Some(ns.as_str())
-                        && lease_logic::is_active(lease)
-                        && crate::conditions::is_true(
-                            lease
-                                .status
-                                .as_ref()
-                                .and_then(|s| s.conditions.as_deref())
-                                .unwrap_or_default(),
-                            lease_logic::PENDING,
-                        )
-                        && (lease.spec.exporter_ref_name() == Some(name.as_str())
-                            || selector::matches(&lease.spec.selector, &labels).unwrap_or(false))
-                })
-                .map(|lease| {
-                    ObjectRef::<Guarded<Lease>>::new(
-                        &lease.metadata.name.clone().unwrap_or_default(),
-                    )
-                    .within(lease.metadata.namespace.as_deref().unwrap_or_default())
-                })
-                .collect::<Vec<_>>()
-        });
 
     let client_ctl = rt
-        .controller::<Client>(
+        .controller_on::<Client>(
             "client",
-            rt.watched(),
-            watcher::Config::default(),
+            clients.clone(),
+            client_primary,
             Trigger::SpecAndFinalizers,
         )
-        .watches_stream(secret_changes(&rt), |s: PartialObjectMeta<Secret>| {
-            credential_owners::<Client>(&s.metadata, "Client", "-client")
-        });
+        .watches_stream(
+            client_secrets.touched_objects(),
+            |s: PartialObjectMeta<Secret>| {
+                credential_owners::<Client>(&s.metadata, "Client", "-client")
+            },
+        );
+
+    let ctx = Arc::new(reconcile::Ctx {
+        writer: rt.writer("exporter"),
+        client: rt.client.clone(),
+        settings,
+        key,
+        metrics,
+        caches: reconcile::Caches {
+            synced: rt.synced(&[
+                "exporter",
+                "lease",
+                "client",
+                "exporter-secrets",
+                "exporter-policies",
+            ]),
+            exporters,
+            leases,
+            clients,
+            policies,
+            secrets,
+        },
+        ledger: Default::default(),
+        replaced: Default::default(),
+        tokens: Default::default(),
+    });
 
     futures::join!(
         grpc::run(rt.clone(), ctx.clone()),
@@ -342,19 +369,8 @@ fn active_lease_watch() -> watcher::Config {
     ))
 }
 
-/// Changes to Secrets in the watched namespaces, metadata only (the reconcilers read the one
-/// Secret they need; no Secret data is cached).
-fn secret_changes(
-    rt: &Runtime,
-) -> impl futures::Stream<Item = Result<PartialObjectMeta<Secret>, watcher::Error>> + Send + 'static
-{
-    // An Api of PartialObjectMeta makes metadata-only list and watch requests.
-    watcher(
-        rt.watched::<PartialObjectMeta<Secret>>(),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects()
+fn two<T>(v: Vec<T>) -> [T; 2] {
+    v.try_into().ok().expect("two streams")
 }
 
 /// The objects whose credential Secret this is: its controller owner of `kind`, and the object

@@ -8,9 +8,10 @@ use jiff::Timestamp;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{ListParams, ObjectMeta, Patch};
+use kube::api::{ObjectMeta, PartialObjectMeta, Patch};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Map, json};
 use tracing::{info, warn};
@@ -18,12 +19,13 @@ use tracing::{info, warn};
 use super::client_status;
 use super::exporter_status::{self, EventSpec, HeldLease, mint_note};
 use super::lease_logic::{self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, UNSATISFIABLE};
+use super::own_writes::{Ledger, Replacements, Tokens};
 use super::settings::Settings;
 use super::token::{self, Claims, MintReason, SigningKey, TokenAction, TokenPolicy};
 use super::types::{Client, Exporter, ExporterAccessPolicy, Lease};
 use crate::conditions;
 use crate::runtime::controller::Guarded;
-use crate::runtime::{ReconcileError, WriteError, Writer};
+use crate::runtime::{ReconcileError, Synced, WriteError, Writer};
 
 pub struct Ctx {
     pub writer: Writer,
@@ -31,15 +33,56 @@ pub struct Ctx {
     pub settings: Settings,
     pub key: SigningKey,
     pub metrics: super::metrics::Metrics,
-    /// Active Leases (the Exporter pass's cache; assignment reads uncached). Guarded: an
-    /// unreadable Lease is skipped, never fails the cache.
-    pub active_leases: kube::runtime::reflector::Store<Guarded<Lease>>,
-    /// `ucm_invalid_objects_total`: objects a LIST feeding a decision skipped as unreadable.
-    pub invalid_objects: prometheus::IntCounterVec,
-    /// (namespace, name) → the resourceVersion the last Exporter status write replaced. A pass
-    /// that sees it in the cache runs before the watch delivered that write (a Secret or Lease
-    /// event queued it): it would only conflict, and the write's own event brings the next pass.
-    pub stale_exporters: std::sync::Mutex<std::collections::HashMap<(String, String), String>>,
+    pub caches: Caches,
+    /// Our lease assignments the Lease cache may not show yet.
+    pub ledger: Ledger,
+    /// Our status writes whose watch event has not arrived.
+    pub replaced: Replacements,
+    /// The tokens our credential Secrets hold, per resourceVersion.
+    pub tokens: Tokens,
+}
+
+/// The feature's caches, one per kind, each fed by the watch that also triggers the passes
+/// that read it (see `super::start`). Guarded: an unreadable object is skipped by every
+/// decision that reads the cache, and reported by its own controller's pass.
+pub struct Caches {
+    /// Open once every cache below has listed.
+    pub synced: Synced,
+    pub exporters: Store<Guarded<Exporter>>,
+    /// Active Leases: without the ended label.
+    pub leases: Store<Guarded<Lease>>,
+    pub clients: Store<Guarded<Client>>,
+    pub policies: Store<Guarded<ExporterAccessPolicy>>,
+    /// Metadata only.
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+}
+
+impl Caches {
+    /// The readable objects of `namespace` in `store`.
+    fn in_namespace<K>(store: &Store<Guarded<K>>, namespace: &str) -> Vec<Arc<Guarded<K>>>
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        store
+            .state()
+            .into_iter()
+            .filter(|g| g.0.is_ok() && g.meta().namespace.as_deref() == Some(namespace))
+            .collect()
+    }
+
+    fn get<K>(store: &Store<Guarded<K>>, namespace: &str, name: &str) -> Option<Arc<Guarded<K>>>
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        store
+            .get(&ObjectRef::new(name).within(namespace))
+            .filter(|g| g.0.is_ok())
+    }
+}
+
+/// The readable objects behind [`Caches::in_namespace`]'s guards.
+fn readable<K>(guards: &[Arc<Guarded<K>>]) -> Vec<&K> {
+    guards.iter().filter_map(|g| g.0.as_ref().ok()).collect()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,8 +111,12 @@ impl ReconcileError for Error {
 
 pub use crate::runtime::writer::status_merge_patch;
 
+/// A controller owner reference to `obj` that blocks its deletion until the garbage collector
+/// removed the dependant, as controller-runtime's `SetControllerReference` writes it.
 fn controller_ref<K: Resource<DynamicType = ()>>(obj: &K) -> Option<OwnerReference> {
-    obj.controller_owner_ref(&())
+    let mut owner = obj.controller_owner_ref(&())?;
+    owner.block_owner_deletion = Some(true);
+    Some(owner)
 }
 
 fn has_controller_ref(meta: &ObjectMeta, owner: &OwnerReference) -> bool {
@@ -86,6 +133,57 @@ enum Credential {
     Conflict,
 }
 
+/// The credential Secret as this pass sees it: its metadata and the token it holds.
+struct Stored {
+    meta: ObjectMeta,
+    token: Option<Arc<str>>,
+}
+
+/// The Secret from the caches where they know it: absent when the (synced) Secret cache has
+/// no such name, its token from [`Tokens`] when the cached version is one we wrote or read.
+/// Otherwise (or with `fresh`) one GET.
+async fn stored_credential(
+    ctx: &Ctx,
+    api: &Api<Secret>,
+    namespace: &str,
+    name: &str,
+    fresh: bool,
+) -> Result<Option<Stored>, Error> {
+    if !fresh {
+        let Some(cached) = ctx
+            .caches
+            .secrets
+            .get(&ObjectRef::new(name).within(namespace))
+        else {
+            return Ok(None);
+        };
+        let rv = cached
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default();
+        if let Some(token) = ctx.tokens.get(namespace, name, rv) {
+            return Ok(Some(Stored {
+                meta: cached.metadata.clone(),
+                token: Some(token),
+            }));
+        }
+    }
+    let Some(secret) = api.get_opt(name).await? else {
+        return Ok(None);
+    };
+    let token = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("token"))
+        .and_then(|b| std::str::from_utf8(&b.0).ok())
+        .map(Arc::from);
+    Ok(Some(Stored {
+        meta: secret.metadata,
+        token,
+    }))
+}
+
 /// Ensures the credential Secret (rules 4.1.1–4.1.6). A Secret of that name is written only
 /// when this object controls it, or when the token it holds is one ucm minted for this very
 /// object (uid included: a Secret that lost its ownerRef); any other is left untouched.
@@ -98,13 +196,53 @@ async fn ensure_credential(
     policy: &TokenPolicy,
     now: Timestamp,
 ) -> Result<Credential, Error> {
+    match credential_pass(
+        ctx,
+        namespace,
+        secret_name,
+        owner,
+        subject,
+        policy,
+        now,
+        false,
+    )
+    .await
+    {
+        // The cache had not seen the Secret yet (someone created it meanwhile): read it.
+        Err(Error::Write(e)) if e.is_already_exists() => {
+            credential_pass(
+                ctx,
+                namespace,
+                secret_name,
+                owner,
+                subject,
+                policy,
+                now,
+                true,
+            )
+            .await
+        }
+        other => other,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn credential_pass(
+    ctx: &Ctx,
+    namespace: &str,
+    secret_name: &str,
+    owner: &OwnerReference,
+    subject: &str,
+    policy: &TokenPolicy,
+    now: Timestamp,
+    fresh: bool,
+) -> Result<Credential, Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let existing = api.get_opt(secret_name).await?;
+    let existing = stored_credential(ctx, &api, namespace, secret_name, fresh).await?;
     let stored = existing
         .as_ref()
-        .and_then(|s| s.data.as_ref())
-        .and_then(|d| d.get("token"))
-        .map(|b| b.0.as_slice());
+        .and_then(|s| s.token.as_deref())
+        .map(str::as_bytes);
     let holder = token::holder(
         &owner.kind.to_lowercase(),
         namespace,
@@ -119,31 +257,41 @@ async fn ensure_credential(
         action => action,
     };
     if let Some(secret) = &existing
-        && !has_controller_ref(&secret.metadata, owner)
+        && !has_controller_ref(&secret.meta, owner)
         && !matches!(&action, TokenAction::Keep(c) if c.holder.as_deref() == Some(holder.as_str()))
     {
         return Ok(Credential::Conflict);
     }
+    // Whatever this pass leaves in the Secret, at the version it leaves, is known from now on.
+    let remember = |written: &ObjectMeta, token: Arc<str>| {
+        let rv = written.resource_version.as_deref().unwrap_or_default();
+        ctx.tokens.put(namespace, secret_name, rv, token);
+    };
     match action {
         TokenAction::Keep(claims) => {
-            if let Some(secret) = &existing
-                && !has_controller_ref(&secret.metadata, owner)
-            {
-                let mut refs = secret.metadata.owner_references.clone().unwrap_or_default();
+            let secret = existing.expect("a kept token was stored");
+            let token = secret.token.clone().expect("a kept token was stored");
+            if has_controller_ref(&secret.meta, owner) {
+                remember(&secret.meta, token);
+            } else {
+                let mut refs = secret.meta.owner_references.clone().unwrap_or_default();
                 refs.retain(|r| r.controller != Some(true));
                 refs.push(owner.clone());
-                let patch = json!({"metadata": {"ownerReferences": refs, "resourceVersion": secret.resource_version()}});
-                ctx.writer
+                let patch = json!({"metadata": {"ownerReferences": refs, "resourceVersion": secret.meta.resource_version}});
+                let written = ctx
+                    .writer
                     .patch(&api, secret_name, &Patch::Merge(patch))
                     .await?;
+                remember(&written.metadata, token);
             }
             Ok(Credential::Held(claims, None))
         }
         TokenAction::Mint(reason) => {
             let (jwt, claims) =
                 token::mint_for(&ctx.key, subject, Some(&holder), now, policy.lifetime);
+            let token: Arc<str> = Arc::from(jwt.as_str());
             let data = BTreeMap::from([("token".to_string(), ByteString(jwt.into_bytes()))]);
-            match existing {
+            let written = match existing {
                 None => {
                     let secret = Secret {
                         metadata: ObjectMeta {
@@ -156,26 +304,27 @@ async fn ensure_credential(
                         data: Some(data),
                         ..Default::default()
                     };
-                    ctx.writer.create(&api, &secret).await?;
+                    ctx.writer.create(&api, &secret).await?
                 }
                 Some(secret) => {
-                    let mut refs = secret.metadata.owner_references.clone().unwrap_or_default();
-                    if !has_controller_ref(&secret.metadata, owner) {
+                    let mut refs = secret.meta.owner_references.clone().unwrap_or_default();
+                    if !has_controller_ref(&secret.meta, owner) {
                         refs.retain(|r| r.controller != Some(true));
                         refs.push(owner.clone());
                     }
                     // `data` is replaced entirely (merge patch would keep stray keys).
                     let patch: json_patch::Patch = serde_json::from_value(json!([
-                        {"op": "test", "path": "/metadata/resourceVersion", "value": secret.resource_version()},
+                        {"op": "test", "path": "/metadata/resourceVersion", "value": secret.meta.resource_version},
                         {"op": "add", "path": "/data", "value": data},
                         {"op": "add", "path": "/metadata/ownerReferences", "value": refs},
                     ]))
                     .expect("valid JSON patch");
                     ctx.writer
                         .patch(&api, secret_name, &Patch::<()>::Json(patch))
-                        .await?;
+                        .await?
                 }
-            }
+            };
+            remember(&written.metadata, token);
             Ok(Credential::Held(claims, Some(reason)))
         }
     }
@@ -202,18 +351,30 @@ async fn conflict_event<K: Resource<DynamicType = ()>>(
     }
 }
 
+/// Publishes the events of one pass in order, off the pass's critical path: an event is a
+/// courtesy, so the status write it accompanies need not wait for it.
 async fn emit<K: Resource<DynamicType = ()>>(ctx: &Ctx, obj: &K, events: &[EventSpec]) {
-    let regarding = obj.object_ref(&());
-    for e in events {
-        let t = if e.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        ctx.writer
-            .event(&regarding, t, e.reason, e.action(), e.note.clone())
-            .await;
+    if events.is_empty() {
+        return;
     }
+    let regarding = obj.object_ref(&());
+    let writer = ctx.writer.clone();
+    let events: Vec<(EventType, &'static str, &'static str, String)> = events
+        .iter()
+        .map(|e| {
+            let t = if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            (t, e.reason, e.action(), e.note.clone())
+        })
+        .collect();
+    tokio::spawn(async move {
+        for (t, reason, action, note) in events {
+            writer.event(&regarding, t, reason, action, note).await;
+        }
+    });
 }
 
 /// `CredentialCreated`, right after the Secret write that minted the token: a later failure
@@ -251,52 +412,6 @@ fn requeue(after: Option<std::time::Duration>) -> Action {
     }
 }
 
-/// A namespaced LIST that skips the items it cannot read, counting them for `controller` and
-/// logging each: one unreadable object (a timestamp past 9999-12-30) must not hide the others
-/// from a decision. The object itself is told by its own controller's pass.
-async fn list_readable<K>(
-    ctx: &Ctx,
-    controller: &str,
-    namespace: &str,
-    lp: &ListParams,
-) -> Result<Vec<K>, Error>
-where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    let api: Api<Guarded<K>> = Api::namespaced(ctx.client.clone(), namespace);
-    let list = api.list(lp).await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter_map(|g| match g.0 {
-            Ok(k) => Some(k),
-            Err(invalid) => {
-                ctx.invalid_objects.with_label_values(&[controller]).inc();
-                warn!(
-                    kind = K::kind(&()).as_ref(),
-                    namespace,
-                    name = invalid.metadata.name.as_deref().unwrap_or_default(),
-                    error = %invalid.error,
-                    "skipping an object that cannot be read"
-                );
-                None
-            }
-        })
-        .collect())
-}
-
-async fn active_leases(ctx: &Ctx, namespace: &str) -> Result<Vec<Lease>, Error> {
-    let lp = ListParams::default().labels(&format!("{ENDED_LABEL}!={ENDED_VALUE}"));
-    Ok(list_readable::<Lease>(ctx, "lease", namespace, &lp)
-        .await?
-        .into_iter()
-        .filter(lease_logic::is_active)
-        .collect())
-}
-
 /// The Exporter pass (§4.2).
 pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     gone_is_done(exporter_pass(exporter, ctx).await)
@@ -307,16 +422,12 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
     let ns = exporter.namespace().unwrap_or_default();
     let name = exporter.name_any();
     let rv = exporter.resource_version().unwrap_or_default();
-    let key = (ns.clone(), name.clone());
-    {
-        let mut stale = ctx.stale_exporters.lock().expect("lock");
-        match stale.get(&key) {
-            Some(replaced) if *replaced == rv => return Ok(Action::await_change()),
-            Some(_) => {
-                stale.remove(&key);
-            }
-            None => {}
-        }
+    if ctx.replaced.exporters.is_stale(&ns, &name, &rv) {
+        return Ok(Action::await_change());
+    }
+    // Before the first lists complete there is nothing to read.
+    if !ctx.caches.synced.wait().await {
+        return Ok(Action::await_change()); // shutting down
     }
     let Some(owner) = controller_ref(&*exporter) else {
         return Ok(Action::await_change());
@@ -363,16 +474,10 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
     };
 
     // The cache is enough here: a Lease change that alters the held lease triggers a pass
-    // after the cache has it. Before the first list completes there is nothing to read.
-    if ctx.active_leases.wait_until_ready().await.is_err() {
-        return Ok(Action::await_change()); // shutting down
-    }
-    let leases: Vec<Lease> = ctx
-        .active_leases
-        .state()
+    // after the cache has it.
+    let leases: Vec<Lease> = Caches::in_namespace(&ctx.caches.leases, &ns)
         .iter()
         .filter_map(|g| g.0.as_ref().ok())
-        .filter(|l| l.metadata.namespace.as_deref() == Some(ns.as_str()))
         .filter(|l| l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some(name.as_str()))
         .cloned()
         .collect();
@@ -412,14 +517,7 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
         ctx.writer
             .merge_status_fenced(&api, &name, &rv, &patch)
             .await?;
-        let mut stale = ctx.stale_exporters.lock().expect("lock");
-        // Only an optimisation: an Exporter deleted right after a write leaves its entry, so
-        // the map is dropped whole when it grows past any plausible burst.
-        if stale.len() >= 16_384 {
-            stale.clear();
-        }
-        stale.insert(key, rv);
-        drop(stale);
+        ctx.replaced.exporters.note(&ns, &name, &rv);
         ctx.metrics
             .status_writes
             .with_label_values(&["reconcile"])
@@ -520,52 +618,96 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let now = Timestamp::now();
     let ns = lease.namespace().unwrap_or_default();
     let name = lease.name_any();
-    let exporters_api: Api<Exporter> = Api::namespaced(ctx.client.clone(), &ns);
+    let rv = lease.resource_version().unwrap_or_default();
+    if ctx.replaced.leases.is_stale(&ns, &name, &rv) {
+        return Ok(Action::await_change());
+    }
+    // An empty cache would make every pinned exporter "not found" and end the lease.
+    if !ctx.caches.synced.wait().await {
+        return Ok(Action::await_change()); // shutting down
+    }
     let status = lease.status.clone().unwrap_or_default();
     let prior_unsatisfiable = conditions::is_true(
         status.conditions.as_deref().unwrap_or_default(),
         UNSATISFIABLE,
     );
 
+    // The assignment reads caches only (issue 17). Each is fed by a watch that also triggers
+    // this controller, so a change a pending lease waits for always brings a pass that sees it.
+    let exporters = Caches::in_namespace(&ctx.caches.exporters, &ns);
     let mut assignment = None;
     if !status.ended && status.exporter_ref_name().is_none() {
-        let all = ListParams::default();
-        let exporters = list_readable::<Exporter>(&ctx, "lease", &ns, &all).await?;
-        let active = active_leases(&ctx, &ns).await?;
-        let policies = list_readable::<ExporterAccessPolicy>(&ctx, "lease", &ns, &all).await?;
-        // An empty name is a request the client library refuses; it is reported as not found.
+        let exporter_refs = readable(&exporters);
+        let leases = Caches::in_namespace(&ctx.caches.leases, &ns);
+        let policies = Caches::in_namespace(&ctx.caches.policies, &ns);
+        let policy_refs = readable(&policies);
+        // An empty name is no Client; it is reported as not found.
         let client = if policies.is_empty() || lease.spec.client_ref.name.is_empty() {
             None
         } else {
-            Api::<Client>::namespaced(ctx.client.clone(), &ns)
-                .get_opt(&lease.spec.client_ref.name)
-                .await?
+            Caches::get(&ctx.caches.clients, &ns, &lease.spec.client_ref.name)
         };
-        let mut decision = lease_logic::decide_assignment(&AssignInputs {
-            lease: &lease,
-            exporters: &exporters,
-            active_leases: &active,
-            policies: &policies,
-            client: client.as_ref(),
-            now,
+        let mut decision = ctx.ledger.decide(&ns, &name, &readable(&leases), |active| {
+            lease_logic::decide_assignment(&AssignInputs {
+                lease: &lease,
+                exporters: &exporter_refs,
+                active_leases: active,
+                policies: &policy_refs,
+                client: client.as_ref().and_then(|c| c.0.as_ref().ok()),
+                now,
+            })
         });
-        // Rule 5.4.3: the caches are not mutually consistent; re-check the gate on a fresh read.
+        // Rule 5.4.3: the caches are not mutually consistent, so an exporter that records lease
+        // hooks is re-checked on a fresh read: its cache may predate the record of the lease it
+        // was handed last. Others gate on the exporterStatus they report, as upstream reads it
+        // from its cache; their assignment costs no read.
         if let Assignment::Assign { exporter, .. } = &decision
-            && let Some(fresh) = exporters_api.get_opt(exporter).await?
-            && let Some(pending) = lease_logic::gate_on_fresh(&fresh)
+            && exporter_refs.iter().any(|e| {
+                e.metadata.name.as_deref() == Some(exporter.as_str())
+                    && e.status.as_ref().and_then(|s| s.records_lease_hooks) == Some(true)
+            })
         {
-            decision = pending;
+            let fresh = Api::<Exporter>::namespaced(ctx.client.clone(), &ns)
+                .get_opt(exporter)
+                .await;
+            let gated = match fresh {
+                Ok(Some(fresh)) => lease_logic::gate_on_fresh(&fresh),
+                Ok(None) => Some(Assignment::Pending {
+                    reason: "ExporterNotFound",
+                    message: format!("Exporter {exporter} was deleted"),
+                }),
+                Err(e) => {
+                    ctx.ledger.release(&ns, &name);
+                    return Err(e.into());
+                }
+            };
+            if let Some(pending) = gated {
+                ctx.ledger.release(&ns, &name);
+                decision = pending;
+            }
         }
         assignment = Some(decision);
     }
 
     let out = lease_logic::build_status(&lease, assignment, now);
+    // The version the metadata patch below replaces.
+    let mut current_rv = rv.clone();
     if let Some(patch) = status_merge_patch(lease.status.as_ref(), &out.status) {
         let api: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
-        let rv = lease.resource_version().unwrap_or_default();
-        ctx.writer
+        let written = match ctx
+            .writer
             .merge_status_fenced(&api, &name, &rv, &patch)
-            .await?;
+            .await
+        {
+            Ok(written) => written,
+            Err(e) => {
+                // Not assigned after all: the exporter is free for the next decision.
+                ctx.ledger.release(&ns, &name);
+                return Err(e.into());
+            }
+        };
+        ctx.replaced.leases.note(&ns, &name, &rv);
+        current_rv = written.resource_version().unwrap_or_default();
         if let Some(exporter) = &out.assigned {
             info!(lease = %name, exporter = %exporter, "lease acquired");
             ctx.metrics
@@ -592,8 +734,11 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
     let mut owners = lease.metadata.owner_references.clone().unwrap_or_default();
     if let Some(exporter_name) = out.status.exporter_ref_name()
-        && let Some(exporter) = exporters_api.get_opt(exporter_name).await?
-        && let Some(owner) = controller_ref(&exporter)
+        && let Some(exporter) = exporters
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok())
+            .find(|e| e.metadata.name.as_deref() == Some(exporter_name))
+        && let Some(owner) = controller_ref(exporter)
         && !has_controller_ref(&lease.metadata, &owner)
     {
         owners.retain(|r| r.controller != Some(true));
@@ -614,6 +759,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         ctx.writer
             .patch(&api, &name, &Patch::Merge(json!({ "metadata": meta })))
             .await?;
+        ctx.replaced.leases.note(&ns, &name, &current_rv);
     }
     Ok(requeue(out.requeue_after))
 }

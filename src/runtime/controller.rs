@@ -128,6 +128,10 @@ pub fn hash_except_status<K: serde::Serialize + Resource>(
 
 pub type Guarded<K> = DeserializeGuard<K>;
 
+/// One consumer's events of a [`Runtime::reflect_fanout`] watch.
+pub type FanoutStream<K> =
+    futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+
 /// Error-policy backoff: 1 s doubling to `cap`, ±10 % jitter.
 pub fn backoff(failures: u32, cap: Duration) -> Duration {
     let base = Duration::from_secs(1).saturating_mul(1u32 << failures.saturating_sub(1).min(20));
@@ -199,7 +203,35 @@ impl Runtime {
             + Sync
             + 'static,
     {
-        let (reader, events) = self.reflected_events(name, api, cfg);
+        // Only this trigger reads managedFields; every other cache drops them.
+        let keep_managed_fields = matches!(trigger, Trigger::SpecFinalizersAndForeignStatus);
+        let (reader, events) = self.reflected_events(name, api, cfg, keep_managed_fields);
+        self.controller_on(name, reader, events, trigger)
+    }
+
+    /// [`Runtime::controller`] on a watch made elsewhere: one of [`Runtime::reflect_fanout`]'s
+    /// streams with its store, so the primary kind is watched and cached once for every
+    /// controller that maps it. Those caches hold no managedFields, which
+    /// [`Trigger::SpecFinalizersAndForeignStatus`] reads: it is not for this.
+    pub fn controller_on<K>(
+        &self,
+        name: &'static str,
+        reader: reflector::Store<Guarded<K>>,
+        events: impl futures::Stream<Item = Result<watcher::Event<Guarded<K>>, watcher::Error>>
+        + Send
+        + 'static,
+        trigger: Trigger,
+    ) -> Controller<Guarded<K>>
+    where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + serde::Serialize
+            + Debug
+            + Send
+            + Sync
+            + 'static,
+    {
         let stream = events.applied_objects();
         let stream = match trigger {
             Trigger::SpecAndFinalizers => stream
@@ -249,8 +281,58 @@ impl Runtime {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        let (reader, events) = self.reflected_events(name, api, cfg);
+        let (reader, events) = self.reflected_events(name, api, cfg, false);
         (reader, events.touched_objects())
+    }
+
+    /// [`Runtime::reflect`] for a kind several controllers read: one watch and one store, and
+    /// `n` streams of its events (after the store applied each), for a primary
+    /// ([`Runtime::controller_on`]) or `touched_objects()` mappers. Each consumer reads the very
+    /// cache its triggers come from, so a pass never runs on a change its cache lacks. A task
+    /// of its own drives the watch until shutdown; a slow consumer holds it back rather than
+    /// losing events. The store keeps no managedFields.
+    pub fn reflect_fanout<K>(
+        &self,
+        name: &'static str,
+        api: Api<K>,
+        cfg: watcher::Config,
+        n: usize,
+    ) -> (reflector::Store<K>, Vec<FanoutStream<K>>)
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let (reader, events) = self.reflected_events(name, api, cfg, false);
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..n)
+            .map(|_| futures::channel::mpsc::channel::<watcher::Event<K>>(1024))
+            .unzip();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            use futures::SinkExt;
+            let mut senders = senders;
+            let mut events = std::pin::pin!(events);
+            loop {
+                let next = tokio::select! {
+                    next = events.next() => next,
+                    _ = shutdown.cancelled() => None,
+                };
+                match next {
+                    None => break,
+                    // The watcher retries on its own backoff; consumers only need events.
+                    Some(Err(e)) => warn!(watch = name, error = %e, "watch failed; retrying"),
+                    Some(Ok(ev)) => {
+                        for tx in &mut senders {
+                            // A consumer that stopped (shutdown) is skipped.
+                            let _ = tx.send(ev.clone()).await;
+                        }
+                    }
+                }
+            }
+        });
+        let streams = receivers
+            .into_iter()
+            .map(|rx| rx.map(Ok as fn(_) -> _).boxed())
+            .collect();
+        (reader, streams)
     }
 
     /// Watcher with backoff, reflected into a store; the end of the initial list clears the
@@ -260,6 +342,7 @@ impl Runtime {
         name: &'static str,
         api: Api<K>,
         cfg: watcher::Config,
+        keep_managed_fields: bool,
     ) -> (
         reflector::Store<K>,
         impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -271,6 +354,13 @@ impl Runtime {
         let synced = self.track_synced(name);
         let stream = watcher(api, cfg)
             .default_backoff()
+            // managedFields are often the largest part of a cached object, and only the
+            // foreign-status trigger reads them.
+            .modify(move |o: &mut K| {
+                if !keep_managed_fields {
+                    o.meta_mut().managed_fields = None;
+                }
+            })
             .inspect(move |ev| {
                 if matches!(ev, Ok(watcher::Event::InitDone)) {
                     synced();

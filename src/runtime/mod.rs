@@ -70,6 +70,8 @@ pub struct Runtime {
     feature: Option<&'static str>,
     /// Watches per feature: (feature, watch name) → synced.
     watches: Arc<Mutex<BTreeMap<(&'static str, &'static str), bool>>>,
+    /// Woken whenever a watch finishes its initial list (see [`Synced`]).
+    synced_changed: Arc<tokio::sync::Notify>,
 }
 
 impl Runtime {
@@ -90,6 +92,7 @@ impl Runtime {
             config: Arc::new(config),
             feature: None,
             watches: Default::default(),
+            synced_changed: Default::default(),
         }
     }
 
@@ -152,7 +155,17 @@ impl Runtime {
         }
     }
 
+    /// A gate that opens once the named watches of this feature have listed, for reconcilers
+    /// that read caches other than their own.
+    pub fn synced(&self, names: &[&'static str]) -> Synced {
+        Synced {
+            rt: self.clone(),
+            names: names.to_vec(),
+        }
+    }
+
     fn publish_synced(&self) {
+        self.synced_changed.notify_waiters();
         let watches = self.watches.lock().expect("lock");
         let pending: Vec<_> = watches
             .iter()
@@ -174,6 +187,40 @@ impl Runtime {
             let mine: Vec<_> = watches.iter().filter(|((feat, _), _)| *feat == f).collect();
             if !mine.is_empty() && mine.iter().all(|(_, synced)| **synced) {
                 self.health.set(&format!("feature-{f}"), Ok(()));
+            }
+        }
+    }
+}
+
+/// See [`Runtime::synced`]. Any number of tasks may wait on it at once, unlike kube's
+/// `Store::wait_until_ready`, which wakes only its latest waiter (the Controller's own).
+#[derive(Clone)]
+pub struct Synced {
+    rt: Runtime,
+    names: Vec<&'static str>,
+}
+
+impl Synced {
+    fn open(&self) -> bool {
+        let feature = self.rt.feature.unwrap_or("");
+        let watches = self.rt.watches.lock().expect("lock");
+        self.names
+            .iter()
+            .all(|n| watches.get(&(feature, *n)).copied().unwrap_or(false))
+    }
+
+    /// Waits until every named watch has listed; false when shutdown came first.
+    pub async fn wait(&self) -> bool {
+        loop {
+            let notified = self.rt.synced_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.open() {
+                return true;
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = self.rt.shutdown.cancelled() => return false,
             }
         }
     }

@@ -48,6 +48,11 @@ impl WriteError {
         matches!(self, WriteError::Kube(kube::Error::Api(s)) if s.code == 404)
     }
 
+    /// A create found the name taken (HTTP 409, reason AlreadyExists).
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, WriteError::Kube(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists")
+    }
+
     pub fn is_forbidden(&self) -> bool {
         matches!(self, WriteError::Kube(kube::Error::Api(s)) if s.code == 403)
     }

@@ -1,0 +1,344 @@
+//! What this replica wrote that its caches may not show yet: lease assignments ([`Ledger`]),
+//! status writes whose echo has not arrived ([`Replaced`]), and the tokens in credential
+//! Secrets, whose data the metadata-only Secret cache does not hold ([`Tokens`]).
+//!
+//! Lease assignment decides from caches (issue 17): the Exporters, active Leases, policies and
+//! Clients that the watches keep, with no request. The one thing those caches can miss that
+//! matters is our own latest assignment: between the status write that gives exporter E to
+//! lease L and the watch event that brings it back, another pending lease would see E free.
+//! The [`Ledger`] holds each assignment from the moment it is decided until the Lease cache
+//! shows it (or shows L gone or ended), and the decision counts its entries as active leases.
+//! Deciding and reserving happen under one lock, so concurrent workers never pick the same
+//! exporter. The ledger is per replica, which is enough: only the leader writes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// (namespace, name).
+type Key = (String, String);
+
+use super::lease_logic::Assignment;
+use super::types::{Lease, LeaseStatus};
+
+/// In-flight assignments: (namespace, lease) → (exporter, spot access).
+#[derive(Default)]
+pub struct Ledger {
+    inner: Mutex<HashMap<Key, (String, bool)>>,
+}
+
+impl Ledger {
+    /// Runs `decide` with the namespace's cached Leases plus the in-flight assignments the cache
+    /// does not show yet, and reserves the exporter it assigns. `cached` is every Lease of the
+    /// namespace the Lease cache holds (ended ones leave it).
+    pub fn decide(
+        &self,
+        namespace: &str,
+        lease: &str,
+        cached: &[&Lease],
+        decide: impl FnOnce(&[&Lease]) -> Assignment,
+    ) -> Assignment {
+        let mut inner = self.inner.lock().expect("lock");
+        // An entry is done once the cache shows its lease assigned, ended or gone.
+        inner.retain(|(ns, l), _| {
+            ns != namespace
+                || cached.iter().any(|c| {
+                    c.metadata.name.as_deref() == Some(l.as_str())
+                        && c.status
+                            .as_ref()
+                            .is_none_or(|s| !s.ended && s.exporter_ref_name().is_none())
+                })
+        });
+        let in_flight: Vec<Lease> = inner
+            .iter()
+            .filter(|((ns, l), _)| ns == namespace && l != lease)
+            .map(|((_, l), (exporter, spot))| assigned(l, exporter, *spot))
+            .collect();
+        let mut active: Vec<&Lease> = cached
+            .iter()
+            .copied()
+            .filter(|l| super::lease_logic::is_active(l))
+            .collect();
+        active.extend(in_flight.iter());
+        let decision = decide(&active);
+        if let Assignment::Assign {
+            exporter,
+            spot_access,
+            ..
+        } = &decision
+        {
+            inner.insert(
+                (namespace.to_string(), lease.to_string()),
+                (exporter.clone(), *spot_access),
+            );
+        }
+        decision
+    }
+
+    /// The assignment of `lease` was not written (an error or a conflict): its exporter is free.
+    pub fn release(&self, namespace: &str, lease: &str) {
+        self.inner
+            .lock()
+            .expect("lock")
+            .remove(&(namespace.to_string(), lease.to_string()));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.inner.lock().expect("lock").len()
+    }
+}
+
+/// A stand-in for an assigned lease, as the leased filter reads it.
+fn assigned(name: &str, exporter: &str, spot: bool) -> Lease {
+    let mut lease = Lease::new(name, Default::default());
+    let status: LeaseStatus = serde_json::from_value(serde_json::json!({
+        "ended": false,
+        "exporterRef": {"name": exporter},
+        "spotAccess": spot,
+    }))
+    .expect("a valid lease status");
+    lease.status = Some(status);
+    lease
+}
+
+/// (namespace, name) → the resourceVersions our latest writes replaced (a status write and the
+/// metadata patch after it). A pass that still sees one of them in its cache runs before the
+/// watch delivered our writes (another trigger queued it): its writes would only conflict or
+/// repeat ours, and the writes' own events bring the next pass.
+#[derive(Default)]
+pub struct Replaced {
+    inner: Mutex<HashMap<Key, Vec<String>>>,
+}
+
+impl Replaced {
+    /// Whether the cached object (`rv`) predates our latest writes to it. Seeing any other
+    /// version forgets the entry.
+    pub fn is_stale(&self, namespace: &str, name: &str, rv: &str) -> bool {
+        let mut inner = self.inner.lock().expect("lock");
+        let key = (namespace.to_string(), name.to_string());
+        match inner.get(&key) {
+            Some(replaced) if replaced.iter().any(|r| r == rv) => true,
+            Some(_) => {
+                inner.remove(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Our write replaced version `rv` of the object.
+    pub fn note(&self, namespace: &str, name: &str, rv: &str) {
+        let mut inner = self.inner.lock().expect("lock");
+        // Only an optimisation: an object deleted right after a write leaves its entry, so the
+        // map is dropped whole when it grows past any plausible burst.
+        if inner.len() >= 16_384 {
+            inner.clear();
+        }
+        let versions = inner
+            .entry((namespace.to_string(), name.to_string()))
+            .or_default();
+        if versions.len() >= 4 {
+            versions.remove(0);
+        }
+        versions.push(rv.to_string());
+    }
+}
+
+/// Status writes per kind (see [`Replaced`]).
+#[derive(Default)]
+pub struct Replacements {
+    pub exporters: Replaced,
+    pub leases: Replaced,
+}
+
+/// (namespace, Secret) → (resourceVersion, token): the token a credential Secret held at that
+/// version, as this replica wrote or read it. While the Secret cache shows the same version,
+/// the token is known without a GET (Secrets are cached as metadata only, so no other Secret
+/// data is held). Only credentials of this feature's objects are kept, one short JWT each.
+#[derive(Default)]
+pub struct Tokens {
+    inner: Mutex<HashMap<Key, (String, Arc<str>)>>,
+}
+
+impl Tokens {
+    pub fn get(&self, namespace: &str, name: &str, rv: &str) -> Option<Arc<str>> {
+        let inner = self.inner.lock().expect("lock");
+        match inner.get(&(namespace.to_string(), name.to_string())) {
+            Some((at, token)) if at == rv => Some(token.clone()),
+            _ => None,
+        }
+    }
+
+    pub fn put(&self, namespace: &str, name: &str, rv: &str, token: Arc<str>) {
+        self.inner.lock().expect("lock").insert(
+            (namespace.to_string(), name.to_string()),
+            (rv.to_string(), token),
+        );
+    }
+
+    pub fn forget(&self, namespace: &str, name: &str) {
+        self.inner
+            .lock()
+            .expect("lock")
+            .remove(&(namespace.to_string(), name.to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(name: &str) -> Lease {
+        let mut l = Lease::new(name, Default::default());
+        l.status = Some(serde_json::from_value(serde_json::json!({"ended": false})).unwrap());
+        l
+    }
+
+    fn assign(exporter: &str) -> Assignment {
+        Assignment::Assign {
+            exporter: exporter.into(),
+            priority: 0,
+            spot_access: false,
+        }
+    }
+
+    /// The exporters the decision saw as leased.
+    fn leased(active: &[&Lease]) -> Vec<String> {
+        let mut v: Vec<String> = active
+            .iter()
+            .filter_map(|l| l.status.as_ref()?.exporter_ref_name().map(str::to_string))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn an_assignment_counts_as_leased_until_the_cache_shows_it() {
+        let ledger = Ledger::default();
+        let (l1, l2) = (pending("l1"), pending("l2"));
+        let cached = [&l1, &l2];
+        // l1 takes e1; the cache still shows l1 pending.
+        ledger.decide("lab", "l1", &cached, |active| {
+            assert!(leased(active).is_empty());
+            assign("e1")
+        });
+        // l2's pass sees e1 leased although no cached lease says so.
+        ledger.decide("lab", "l2", &cached, |active| {
+            assert_eq!(leased(active), vec!["e1"]);
+            assign("e2")
+        });
+        // Another namespace is not affected.
+        ledger.decide("other", "l9", &[], |active| {
+            assert!(leased(active).is_empty());
+            Assignment::Scheduled(Default::default())
+        });
+        // The cache catches up with l1 (assigned): its entry goes, the cached lease counts.
+        let mut l1_seen = pending("l1");
+        l1_seen.status = Some(
+            serde_json::from_value(
+                serde_json::json!({"ended": false, "exporterRef": {"name": "e1"}}),
+            )
+            .unwrap(),
+        );
+        let l3 = pending("l3");
+        ledger.decide("lab", "l3", &[&l1_seen, &l2, &l3], |active| {
+            assert_eq!(leased(active), vec!["e1", "e2"]);
+            Assignment::Pending {
+                reason: "NotAvailable",
+                message: String::new(),
+            }
+        });
+        assert_eq!(ledger.len(), 1, "only l2's assignment is still in flight");
+        // l2 ended or was deleted (it left the cache): its exporter is free again.
+        ledger.decide("lab", "l3", &[&l1_seen, &l3], |active| {
+            assert_eq!(leased(active), vec!["e1"]);
+            Assignment::Scheduled(Default::default())
+        });
+        assert_eq!(ledger.len(), 0);
+    }
+
+    #[test]
+    fn a_failed_write_frees_the_exporter_and_a_lease_never_blocks_itself() {
+        let ledger = Ledger::default();
+        let (l1, l2) = (pending("l1"), pending("l2"));
+        ledger.decide("lab", "l1", &[&l1, &l2], |_| assign("e1"));
+        // A second pass of l1 itself (its cache still stale) does not see its own entry.
+        ledger.decide("lab", "l1", &[&l1, &l2], |active| {
+            assert!(leased(active).is_empty());
+            assign("e1")
+        });
+        ledger.release("lab", "l1");
+        ledger.decide("lab", "l2", &[&l1, &l2], |active| {
+            assert!(leased(active).is_empty(), "the released exporter is free");
+            Assignment::Scheduled(Default::default())
+        });
+    }
+
+    #[test]
+    fn concurrent_decisions_never_assign_one_exporter_twice() {
+        let ledger = Arc::new(Ledger::default());
+        let leases: Vec<Lease> = (0..64).map(|i| pending(&format!("l{i}"))).collect();
+        let leases = Arc::new(leases);
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let (ledger, leases) = (ledger.clone(), leases.clone());
+                std::thread::spawn(move || {
+                    let cached: Vec<&Lease> = leases.iter().collect();
+                    (0..8)
+                        .filter_map(|i| {
+                            let name = format!("l{}", t * 8 + i);
+                            // The first of 64 exporters that nothing holds.
+                            match ledger.decide("lab", &name, &cached, |active| {
+                                let taken = leased(active);
+                                (0..64)
+                                    .map(|e| format!("e{e:02}"))
+                                    .find(|e| !taken.contains(e))
+                                    .map(|e| assign(&e))
+                                    .unwrap_or(Assignment::Scheduled(Default::default()))
+                            }) {
+                                Assignment::Assign { exporter, .. } => Some(exporter),
+                                _ => None,
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<String> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        assert_eq!(all.len(), 64);
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 64, "every exporter went to exactly one lease");
+    }
+
+    #[test]
+    fn a_token_is_known_only_at_the_version_it_was_seen() {
+        let t = Tokens::default();
+        t.put("lab", "e-exporter", "5", "jwt".into());
+        assert_eq!(t.get("lab", "e-exporter", "5").as_deref(), Some("jwt"));
+        // Someone else wrote the Secret since: read it again.
+        assert_eq!(t.get("lab", "e-exporter", "6"), None);
+        assert_eq!(t.get("other", "e-exporter", "5"), None);
+        t.forget("lab", "e-exporter");
+        assert_eq!(t.get("lab", "e-exporter", "5"), None);
+    }
+
+    #[test]
+    fn a_pass_on_the_version_our_write_replaced_is_stale() {
+        let r = Replaced::default();
+        assert!(!r.is_stale("lab", "l1", "10"));
+        r.note("lab", "l1", "10");
+        assert!(r.is_stale("lab", "l1", "10"));
+        assert!(!r.is_stale("lab", "l2", "10"));
+        // A pass that wrote twice (status, then metadata) replaced two versions.
+        r.note("lab", "l1", "11");
+        assert!(r.is_stale("lab", "l1", "10"));
+        assert!(r.is_stale("lab", "l1", "11"));
+        // The watch delivered our last write: a newer version, the entry goes.
+        assert!(!r.is_stale("lab", "l1", "12"));
+        assert!(!r.is_stale("lab", "l1", "10"));
+    }
+}
