@@ -26,22 +26,21 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, 
 use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use ucm::exporter::types::Exporter;
 use ucm::snapshot::agent::barrier::fake::{self, FakeCluster, FakeVolume};
 use ucm::snapshot::types::{MiroirSnapshot, MiroirVolume};
 use ucm::vmexport::VirtualMachineExport;
 
 use crate::Ctx;
-use crate::cluster::{Counts, Plane};
-use crate::kube_util::{CONCURRENCY, create_all, create_namespace, list_all, track};
-use crate::procs::{Proc, cpu_secs};
+use crate::cluster::Plane;
+use crate::kube_util::{CONCURRENCY, create_all, create_namespace, list_all};
+use crate::procs::Proc;
 use crate::report::{Figure, median};
+use crate::steps::{LABEL, Samples, bd_insert, exporter_done, obj, reference, timed};
 
 const PHASE: &str = "bulk";
-const LABEL: &str = "ucm-bench";
 const NODES: [&str; 3] = ["bench-a", "bench-b", "bench-c"];
-const WAIT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Clone, Copy)]
 pub struct Scale {
@@ -67,22 +66,12 @@ pub fn manager_args() -> Vec<String> {
     vec!["--leader-elect".into()]
 }
 
-fn exporter_done(e: &Exporter) -> bool {
-    e.status.as_ref().is_some_and(|s| {
-        s.credential.is_some() && s.conditions.iter().flatten().any(|c| c.type_ == "Online")
-    })
-}
-
 fn vmx_done(e: &VirtualMachineExport) -> bool {
     e.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Ready")
 }
 
 fn snap_done(s: &MiroirSnapshot) -> bool {
     s.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
-}
-
-fn obj<K: serde::de::DeserializeOwned>(v: Value) -> K {
-    serde_json::from_value(v).expect("bench object")
 }
 
 fn exporter(name: &str, run: &str) -> Exporter {
@@ -115,92 +104,6 @@ fn snapshot(name: &str, volume: &str, run: &str) -> MiroirSnapshot {
         "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirSnapshot",
         "metadata": {"name": name, "labels": {LABEL: run}}, "spec": {"volumeName": volume}
     }))
-}
-
-fn now_str() -> String {
-    jiff::Timestamp::now()
-        .round(jiff::Unit::Second)
-        .unwrap()
-        .to_string()
-}
-
-/// A final status of each kind, as the bare client writes it in the reference.
-fn reference_status(kind: &str, name: &str) -> Value {
-    let t = now_str();
-    let cond = |ty: &str, st: &str, reason: &str| {
-        json!({"type": ty, "status": st, "reason": reason, "message": "bench reference",
-               "lastTransitionTime": t, "observedGeneration": 1})
-    };
-    match kind {
-        "exporter" => json!({"status": {
-            "credential": {"name": format!("{name}-exporter")},
-            "endpoint": "ucm-grpc.ucm-system.svc:8082",
-            "tokenExpiresAt": t,
-            "statusMessage": "Never seen",
-            "conditions": [cond("Registered", "False", "Unregistered"), cond("Online", "False", "Seen")],
-        }}),
-        "vmexport" => json!({"status": {
-            "phase": "Ready",
-            "serviceName": format!("virt-export-{name}"),
-            "tokenSecretRef": format!("export-token-{name}"),
-            "conditions": [{"type": "Ready", "status": "True", "reason": "PodReady", "message": "",
-                            "lastTransitionTime": t}],
-        }}),
-        _ => json!({"status": {
-            "readyToUse": true, "ioSuspended": false, "sizeBytes": 16384, "sourceFormatted": false,
-            "conditions": [cond("Ready", "True", "SnapshotReady")],
-        }}),
-    }
-}
-
-/// The bare client: create, then patch the status, `CONCURRENCY` objects at a time; returns the
-/// seconds from the first create until a watch has seen every final status, and the API server's
-/// CPU seconds meanwhile.
-async fn reference<K>(
-    p: &Plane,
-    api: Api<K>,
-    kind: &str,
-    objs: Vec<K>,
-    done: fn(&K) -> bool,
-    run: &str,
-) -> (f64, f64)
-where
-    K: kube::Resource
-        + Clone
-        + serde::de::DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let n = objs.len();
-    let tracker = track(
-        api.clone(),
-        watcher::Config::default().labels(&format!("{LABEL}={run}")),
-        n,
-        done,
-    );
-    let t0 = Instant::now();
-    let cpu0 = cpu_secs(p.apiserver_pid);
-    futures::stream::iter(objs)
-        .for_each_concurrent(CONCURRENCY, |o| {
-            let api = api.clone();
-            async move {
-                let name = o.name_any();
-                api.create(&Default::default(), &o).await.unwrap();
-                api.patch_status(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(reference_status(kind, &name)),
-                )
-                .await
-                .unwrap_or_else(|e| panic!("reference status patch of {kind} {name}: {e}"));
-            }
-        })
-        .await;
-    let t1 = tracker.wait(&format!("reference {kind}"), WAIT).await;
-    ((t1 - t0).as_secs_f64(), cpu_secs(p.apiserver_pid) - cpu0)
 }
 
 /// The kubelet the local control plane lacks: marks each export pod Running and Ready once.
@@ -288,92 +191,6 @@ fn start_agents(p: &Plane, dir: &Path, prefix: &str, n: usize) -> Agents {
     Agents {
         _procs: procs,
         volumes,
-    }
-}
-
-struct Step {
-    secs: f64,
-    manager: Counts,
-    agents: Counts,
-    manager_cpu: f64,
-    apiserver_cpu: f64,
-}
-
-/// One timed bulk step.
-async fn timed<K>(
-    p: &Plane,
-    m: &Proc,
-    api: Api<K>,
-    objs: Vec<K>,
-    done: fn(&K) -> bool,
-    run: &str,
-    what: &str,
-) -> Step
-where
-    K: kube::Resource
-        + Clone
-        + serde::de::DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let n = objs.len();
-    let off0 = p.audit.offset();
-    let tracker = track(
-        api.clone(),
-        watcher::Config::default().labels(&format!("{LABEL}={run}")),
-        n,
-        done,
-    );
-    let (mcpu0, acpu0) = (m.cpu(), cpu_secs(p.apiserver_pid));
-    let t0 = Instant::now();
-    create_all(&api, objs).await;
-    let t1 = tracker.wait(what, WAIT).await;
-    p.audit
-        .settle(
-            "ucm-manager",
-            Duration::from_secs(2),
-            Duration::from_secs(30),
-        )
-        .await;
-    let counts = p.audit.count(off0, p.audit.offset());
-    let secs = (t1 - t0).as_secs_f64();
-    eprintln!("  {what}: {n} in {secs:.1}s ({:.0}/s)", n as f64 / secs);
-    Step {
-        secs,
-        manager: counts.get("ucm-manager").cloned().unwrap_or_default(),
-        agents: counts.get("ucm-agent").cloned().unwrap_or_default(),
-        manager_cpu: m.cpu() - mcpu0,
-        apiserver_cpu: cpu_secs(p.apiserver_pid) - acpu0,
-    }
-}
-
-fn bd_insert(b: &mut BTreeMap<&'static str, String>, k: &'static str, v: String) {
-    eprintln!("  {k}: {v}");
-    b.insert(k, v);
-}
-
-#[derive(Default)]
-struct Samples(BTreeMap<&'static str, Vec<f64>>);
-
-impl Samples {
-    fn push(&mut self, k: &'static str, v: f64) {
-        eprintln!("  {k} = {v:.3}");
-        self.0.entry(k).or_default().push(v);
-    }
-    fn step(&mut self, key: &'static str, st: &Step, n: usize) {
-        let k = |x: &str| -> &'static str { Box::leak(format!("{key}.{x}").into_boxed_str()) };
-        let n = n as f64;
-        self.push(k("rate"), n / st.secs);
-        self.push(k("requests"), st.manager.requests() as f64 / n);
-        self.push(k("writes"), st.manager.writes as f64 / n);
-        self.push(k("manager_cpu"), st.manager_cpu * 1000.0 / n);
-        self.push(k("api_cpu"), st.apiserver_cpu * 1000.0 / n);
-    }
-    fn get(&self, k: &str) -> Vec<f64> {
-        self.0.get(k).cloned().unwrap_or_default()
     }
 }
 

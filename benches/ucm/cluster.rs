@@ -266,6 +266,8 @@ pub struct Counts {
     pub watches: u64,
     /// "verb resource[.group][/subresource]" → count
     pub by_kind: BTreeMap<String, u64>,
+    /// (response code, "verb resource…") → count, for every request but watches.
+    pub by_code: BTreeMap<(u16, String), u64>,
 }
 
 impl Counts {
@@ -287,6 +289,31 @@ impl Counts {
                 (res == "leases.coordination.k8s.io" && verb(v)).then_some(*n)
             })
             .sum()
+    }
+
+    /// Responses with `code` (409: a conflict), leaving out coordination.k8s.io Leases (leader
+    /// election, heartbeats), which every figure counts apart.
+    pub fn code_besides_coordination_leases(&self, code: u16) -> u64 {
+        self.by_code
+            .iter()
+            .filter(|((c, k), _)| *c == code && !k.ends_with(" leases.coordination.k8s.io"))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// The kinds of request that got `code`, most first.
+    pub fn top_code(&self, code: u16, n: usize) -> String {
+        let mut v: Vec<_> = self
+            .by_code
+            .iter()
+            .filter(|((c, _), _)| *c == code)
+            .collect();
+        v.sort_by(|a, b| b.1.cmp(a.1));
+        v.iter()
+            .take(n)
+            .map(|((_, k), c)| format!("{k} {c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Requests that are not long-running: what a reconcile costs the API server.
@@ -386,13 +413,21 @@ impl Audit {
             if let Some(s) = r.subresource {
                 res = format!("{res}/{s}");
             }
-            *c.by_kind.entry(format!("{} {res}", ev.verb)).or_default() += 1;
+            let kind = format!("{} {res}", ev.verb);
+            if ev.verb != "watch"
+                && let Some(code) = ev.response_status.and_then(|r| r.code)
+            {
+                *c.by_code.entry((code, kind.clone())).or_default() += 1;
+            }
+            *c.by_kind.entry(kind).or_default() += 1;
         }
         out
     }
 
     /// Waits until `user` has sent no request for `quiet` (bounded by `max`), so the counts of a
-    /// phase include the reconciles its last status write triggered.
+    /// phase include the reconciles its last status write triggered. Leader-election and
+    /// heartbeat Leases do not count: renewed every 2 s, they would keep a 2 s window from ever
+    /// being quiet.
     pub async fn settle(&self, user: &str, quiet: Duration, max: Duration) {
         let start = std::time::Instant::now();
         let mut last = self.offset();
@@ -404,7 +439,7 @@ impl Audit {
                 && self
                     .count(last, now)
                     .get(user)
-                    .is_some_and(|c| c.requests() + c.watches > 0)
+                    .is_some_and(|c| c.requests() + c.watches > c.coordination_lease_requests())
             {
                 since = std::time::Instant::now();
             }
@@ -424,6 +459,14 @@ struct AuditEvent {
     user: AuditUser,
     #[serde(default)]
     object_ref: Option<ObjectRef>,
+    #[serde(default)]
+    response_status: Option<ResponseStatus>,
+}
+
+#[derive(serde::Deserialize)]
+struct ResponseStatus {
+    #[serde(default)]
+    code: Option<u16>,
 }
 
 #[derive(serde::Deserialize)]

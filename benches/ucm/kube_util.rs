@@ -99,6 +99,11 @@ fn key<K: Resource>(o: &K) -> String {
 }
 
 impl Tracker {
+    /// How many objects must be done.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
     /// Waits until `n` objects are done; panics with the progress after `timeout`.
     pub async fn wait(mut self, what: &str, timeout: Duration) -> Instant {
         let start = Instant::now();

@@ -19,15 +19,17 @@ mod export;
 mod failover;
 mod grpc;
 mod kube_util;
+mod leases;
 mod objects;
 mod procs;
 mod report;
+mod steps;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub struct Ctx {
-    /// The control plane of every phase but `bulk`, whose runs start their own.
+    /// The control plane of every phase but `bulk` and `leases`, whose runs start their own.
     pub plane: cluster::Plane,
     pub work: PathBuf,
     pub runs: usize,
@@ -58,7 +60,9 @@ impl Ctx {
     }
 }
 
-const PHASES: &[&str] = &["export", "barrier", "objects", "bulk", "grpc", "failover"];
+const PHASES: &[&str] = &[
+    "export", "barrier", "objects", "bulk", "leases", "grpc", "failover",
+];
 
 fn env_num<T: std::str::FromStr>(k: &str, default: T) -> T {
     std::env::var(k)
@@ -73,6 +77,7 @@ const METHODS: &str = "\
 - **API requests** are counted by the kube-apiserver's own audit log (`--audit-policy-file`, level Metadata for the group `system:serviceaccounts:ucm-system`, one count per request: at ResponseComplete, or ResponseStarted for watches). The manager runs with the ServiceAccount token `ucm-system/ucm-manager`, the snapshot agents with `ucm-system/ucm-agent`, both bound to cluster-admin; the bench's own client (creates, the simulated kubelet, references) is the admin user and is not counted. kube-rs sends no User-Agent, and `apiserver_request_total` has no client label, so the identity is what separates ucm's requests from the bench's. \"Requests\" are gets, lists and writes; watches are not included.
 - **Bulk**: objects are created by the bench with 8 concurrent requests; the timer runs from the first create until a watch has seen every object's final status. The reference is the same bench client creating the same objects and then patching a final status onto each (8 at a time), timed the same way, in the same run, on the same control plane. The manager runs with the shipped defaults, as `config/default` deploys it: every feature, all namespaces, `--leader-elect` with the default Lease settings (15 s / 10 s / 2 s) and the default `--max-concurrent-reconciles` (1, as controller-runtime's). The bare client sends up to 8 requests at a time. The API server's CPU per object (from `/proc` of the etcd + kube-apiserver process) does not depend on concurrency or on how busy the machine is.
 - **RSS** is VmRSS from `/proc/<pid>/status`: at zero after /readyz plus 3 s on an empty cluster, and 5 s after the last bulk step. Bytes per object divides the growth by the number of primary objects (Exporters, VirtualMachineExports, MiroirSnapshots); their Secrets, Pods, Services, PVCs and volumes are cached too.
+- **Exporter feature against the Go controller** (phase `leases`, issue 17): the load of `../shared/reference/peer-figures.md`, each run on a fresh control plane with the manager at the shipped defaults (every feature, `--leader-elect`, the default worker count). Idle RSS at /readyz + 20 s (CRDs installed, no objects), as the reference measured Go. 5,000 Exporters in one namespace created 8 at a time, timed until a watch has seen every credential and an `Online` condition; RSS 5 s later. 500 Clients, until every `status.credential`. Every tenth Exporter made online by one status merge patch (`lastSeen`, `exporterStatus: Available`, one device; the manager derives `Registered` and `Online`), timed until a watch has seen both True on each, then patched again every 20 s. 50 Leases (one per Client, one hour, `matchLabels` on a label only the online Exporters carry), until each has `status.exporterRef` and `Ready=True`; released and ended; then 500 Leases, one per Client, timed the same way. Conflicts are responses with code 409 in the audit log. After each run the phase fails unless no exporter holds two active Leases, every Lease is on an online Exporter, and every credential Secret has a token and its owner as controller. References: the Go controller's figures at N=5,000 from peer-figures.md (jumpstarter b1f2bb41, measured 2026-12-01), which the ratios are against, as the issue's goals are; and a bare client creating and status-patching the same objects on a control plane of its own in the same run (during the manager's idle 20 s), in the notes.
 - **Idle**: the leader's requests in the audit log over a window with everything settled, its leader-election Lease requests (`leases.coordination.k8s.io`) counted apart; a restarted manager's writes from spawn to /readyz + 5 s.
 - **Start-up**: spawn to the first 200 from /readyz, polled every 10 ms; the reference is the bench listing the same kinds (pages of 500).
 - **Simulated exporters**: a Rust client over the jumpstarter.v1 stubs compiled from the jumpstarter-protocol 0.9.0 descriptors, one TLS connection per exporter trusting the certificate the leader stored, the token from the exporter's credential Secret. Each Registers, holds a Status stream and reports Available; a kill drops the connection without Unregister. The manager runs with the shipped defaults here too, like the bulk phase.
@@ -211,6 +216,7 @@ async fn main() {
             "barrier" => barrier::run(&ctx).await,
             "objects" => objects::run(&ctx).await,
             "bulk" => bulk::run(&ctx).await,
+            "leases" => leases::run(&ctx).await,
             "grpc" => grpc::run(&ctx).await,
             "failover" => failover::run(&ctx).await,
             _ => unreachable!(),

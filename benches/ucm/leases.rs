@@ -1,0 +1,722 @@
+//! Phase `leases` (issue 17): the exporter feature at the load the upstream Go controller was
+//! measured with (`../shared/reference/peer-figures.md`), each figure next to the Go figure as a
+//! stated reference and, where one exists, a bare client measured in the same run. Per run, on a
+//! fresh control plane and a manager with the shipped defaults (every feature, leader election,
+//! the default worker count):
+//! 1. idle RSS at /readyz + 20 s with the CRDs installed and no objects;
+//! 2. 5,000 Exporters in one namespace, create → every final status; RSS 5 s later;
+//! 3. 500 Clients, create → credential;
+//! 4. every tenth Exporter made online by a status patch, patch → Online and Registered, then
+//!    kept online by the same patch every 20 s;
+//! 5. 50 Leases (one per Client), create → assigned and Ready; released; then 500 Leases, one per
+//!    Client, create → assigned and Ready; then the correctness check, which panics (no exporter
+//!    with two active leases, every Lease on an online exporter, every credential Secret with a
+//!    token and its owner as controller).
+//!
+//! The bare client runs on a control plane of its own, during the manager's idle 20 s.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+use ucm::exporter::types::{Client, Exporter, Lease};
+
+use crate::Ctx;
+use crate::bulk::manager_args;
+use crate::cluster::Plane;
+use crate::kube_util::{CONCURRENCY, create_namespace, track};
+use crate::procs::Proc;
+use crate::report::Figure;
+use crate::steps::{
+    LABEL, Samples, Step, WAIT, bd_insert, exporter_done, manager_quiet, now_str, obj, reference,
+    timed, timed_with,
+};
+
+const PHASE: &str = "leases";
+const NS: &str = "bench";
+/// The label only the online Exporters carry; every Lease selects it, so each Lease can take any
+/// free online Exporter (peer-figures.md does not say which selector the reference used).
+const POOL: &str = "ucm-bench-pool";
+const ONLINE: &str = "online";
+/// The reference's status patch interval; the offline threshold is 60 s.
+const REFRESH: Duration = Duration::from_secs(20);
+const IDLE: Duration = Duration::from_secs(20);
+
+/// The Go controller's figures at N = 5,000 (peer-figures.md).
+const GO_BULK_RATE: f64 = 170.0;
+const GO_REQUESTS: f64 = 4.0;
+const GO_WRITES: f64 = 4.0;
+const GO_API_CPU_MS: f64 = 11.4;
+const GO_MANAGER_CPU_MS: f64 = 2.50;
+const GO_RSS_PER_EXPORTER_KIB: f64 = 9.8;
+const GO_RSS_AFTER_MIB: f64 = 99.1;
+const GO_RSS_IDLE_MIB: f64 = 51.2;
+const GO_CLIENTS_S: f64 = 4.01;
+const GO_ONLINE_S: f64 = 4.27;
+const GO_LEASES_S: f64 = 8.7;
+
+fn go(extra: &str) -> String {
+    format!("Go controller, N=5,000: peer-figures.md, jumpstarter b1f2bb41, 2026-12-01{extra}")
+}
+
+fn exporter_name(i: usize) -> String {
+    format!("exp-{i:05}")
+}
+
+fn is_online(i: usize) -> bool {
+    i.is_multiple_of(10)
+}
+
+fn exporter(i: usize, run: &str) -> Exporter {
+    let mut labels = json!({ LABEL: run });
+    if is_online(i) {
+        labels[POOL] = json!(ONLINE);
+    }
+    obj(json!({
+        "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
+        "metadata": {"name": exporter_name(i), "labels": labels}, "spec": {}
+    }))
+}
+
+fn client_name(i: usize) -> String {
+    format!("client-{i:04}")
+}
+
+fn client(i: usize, run: &str) -> Client {
+    obj(json!({
+        "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
+        "metadata": {"name": client_name(i), "labels": {LABEL: run}}, "spec": {}
+    }))
+}
+
+/// A Lease of Client `i`, an hour long, for any online Exporter; `step` is its `LABEL` value.
+fn lease(prefix: &str, i: usize, step: &str) -> Lease {
+    obj(json!({
+        "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Lease",
+        "metadata": {"name": format!("lease-{prefix}-{i:04}"), "labels": {LABEL: step}},
+        "spec": {
+            "clientRef": {"name": client_name(i)},
+            "duration": "1h",
+            "selector": {"matchLabels": {POOL: ONLINE}},
+        }
+    }))
+}
+
+fn is_true(conds: Option<&Vec<Condition>>, t: &str) -> bool {
+    conds
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == t && c.status == "True")
+}
+
+fn client_done(c: &Client) -> bool {
+    c.status.as_ref().is_some_and(|s| s.credential.is_some())
+}
+
+fn online_done(e: &Exporter) -> bool {
+    let conds = e.status.as_ref().and_then(|s| s.conditions.as_ref());
+    is_true(conds, "Online") && is_true(conds, "Registered")
+}
+
+fn lease_done(l: &Lease) -> bool {
+    l.status.as_ref().is_some_and(|s| {
+        !s.ended && s.exporter_ref.is_some() && is_true(s.conditions.as_ref(), "Ready")
+    })
+}
+
+fn lease_ended(l: &Lease) -> bool {
+    l.status.as_ref().is_some_and(|s| s.ended)
+}
+
+/// What a running exporter's status holds (peer-figures.md: `lastSeen`, `exporterStatus:
+/// Available`, one device), written as one merge patch. Conditions are the manager's to derive
+/// (Registered from `devices`, Online from a recent `lastSeen` and a status other than Offline),
+/// as the reference left them to the Go controller; ucm's own gRPC path derives them in the
+/// same write, which would leave the manager nothing to do in the timed step.
+fn online_status(uuid: &str) -> Value {
+    json!({"status": {
+        "lastSeen": now_str(),
+        "exporterStatus": "Available",
+        "statusMessage": "Available",
+        "devices": [{"uuid": uuid, "labels": {"jumpstarter.dev/client": "power"}}],
+    }})
+}
+
+/// Merge-patches each object (its status when `status`), `CONCURRENCY` at a time; returns the
+/// errors.
+async fn patch_all<K>(api: &Api<K>, items: Vec<(String, Value)>, status: bool) -> Vec<String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    futures::stream::iter(items)
+        .map(|(name, body)| async move {
+            let pp = PatchParams::default();
+            let r = if status {
+                api.patch_status(&name, &pp, &Patch::Merge(body)).await
+            } else {
+                api.patch(&name, &pp, &Patch::Merge(body)).await
+            };
+            r.err().map(|e| format!("{name}: {e}"))
+        })
+        .buffer_unordered(CONCURRENCY)
+        .filter_map(|e| async move { e })
+        .collect()
+        .await
+}
+
+fn online_patches(devices: &[(String, String)]) -> Vec<(String, Value)> {
+    devices
+        .iter()
+        .map(|(name, uuid)| (name.clone(), online_status(uuid)))
+        .collect()
+}
+
+/// The exporters' processes, as far as the API server sees them: the same status patch every
+/// 20 s.
+fn keep_online(
+    api: Api<Exporter>,
+    devices: Arc<Vec<(String, String)>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(REFRESH).await;
+            let errors = patch_all(&api, online_patches(&devices), true).await;
+            if !errors.is_empty() {
+                eprintln!(
+                    "  keep-online patch: {} errors, first: {}",
+                    errors.len(),
+                    errors[0]
+                );
+            }
+        }
+    })
+}
+
+fn fail(what: &str, problems: &[String]) {
+    if !problems.is_empty() {
+        panic!(
+            "leases phase: {what}: {} problems, first {:?}",
+            problems.len(),
+            &problems[..problems.len().min(10)]
+        );
+    }
+}
+
+/// The correctness check (peer-figures.md: "every Secret present with a token and a controller
+/// owner reference; no exporter held two leases"), plus: every active Lease is on an online
+/// exporter. Panics with the first problems.
+async fn check(c: &kube::Client, assigned: usize) {
+    let lp = ListParams::default();
+    let leases = Api::<Lease>::namespaced(c.clone(), NS)
+        .list(&lp)
+        .await
+        .unwrap();
+    let exporters = Api::<Exporter>::namespaced(c.clone(), NS)
+        .list(&lp)
+        .await
+        .unwrap();
+    let pool: HashMap<String, bool> = exporters
+        .items
+        .iter()
+        .map(|e| {
+            let online = e.labels().get(POOL).map(String::as_str) == Some(ONLINE);
+            (e.name_any(), online)
+        })
+        .collect();
+    let mut holders: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for l in leases.items.iter().filter(|l| lease_done(l)) {
+        let e = l.status.as_ref().and_then(|s| s.exporter_ref.as_ref());
+        holders
+            .entry(e.map(|r| r.name.clone()).unwrap_or_default())
+            .or_default()
+            .push(l.name_any());
+    }
+    let twice: Vec<String> = holders
+        .iter()
+        .filter(|(_, ls)| ls.len() > 1)
+        .map(|(e, ls)| format!("exporter {e} holds {ls:?}"))
+        .collect();
+    fail("an exporter holds two active leases", &twice);
+    let offline: Vec<String> = holders
+        .iter()
+        .filter(|(e, _)| pool.get(*e) != Some(&true))
+        .map(|(e, ls)| format!("{ls:?} on {e}, not an online exporter of the selector"))
+        .collect();
+    fail(
+        "a lease is on an exporter its selector does not match",
+        &offline,
+    );
+    let active = holders.values().map(Vec::len).sum::<usize>();
+    assert_eq!(
+        active, assigned,
+        "leases phase: {active} active assigned leases, expected {assigned}"
+    );
+
+    let secrets: HashMap<String, Secret> = Api::<Secret>::namespaced(c.clone(), NS)
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|s| (s.name_any(), s))
+        .collect();
+    let clients = Api::<Client>::namespaced(c.clone(), NS)
+        .list(&lp)
+        .await
+        .unwrap();
+    let owners = exporters
+        .items
+        .iter()
+        .map(|e| (format!("{}-exporter", e.name_any()), e.uid()))
+        .chain(
+            clients
+                .items
+                .iter()
+                .map(|c| (format!("{}-client", c.name_any()), c.uid())),
+        );
+    let mut bad = Vec::new();
+    for (secret, uid) in owners {
+        let Some(s) = secrets.get(&secret) else {
+            bad.push(format!("{secret}: missing"));
+            continue;
+        };
+        let token = s
+            .data
+            .as_ref()
+            .and_then(|d| d.get("token"))
+            .is_some_and(|t| !t.0.is_empty());
+        let owned = s
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.controller == Some(true) && Some(&r.uid) == uid.as_ref());
+        if !token || !owned {
+            bad.push(format!("{secret}: token {token}, controller owner {owned}"));
+        }
+    }
+    fail("credential Secrets", &bad);
+    eprintln!(
+        "  check: {active} active leases on distinct online exporters; {} credential Secrets with a token and their owner as controller",
+        exporters.items.len() + clients.items.len()
+    );
+}
+
+/// One run's lease steps, per assignment.
+fn push_lease_counts(s: &mut Samples, steps: &[&Step], n: usize) {
+    let n = n as f64;
+    let sum = |f: &dyn Fn(&Step) -> u64| steps.iter().map(|st| f(st)).sum::<u64>() as f64 / n;
+    s.push("leases.requests", sum(&|st| st.requests()));
+    s.push("leases.writes", sum(&|st| st.writes()));
+    s.push(
+        "leases.conflicts",
+        sum(&|st| st.manager.code_besides_coordination_leases(409)),
+    );
+}
+
+pub async fn run(ctx: &Ctx) -> Vec<Figure> {
+    let n = ctx.scale.exporters;
+    let online: Vec<usize> = (0..n).filter(|i| is_online(*i)).collect();
+    // One Client and one Lease per ten Exporters, as the reference; the first lease step is a
+    // tenth of that.
+    let m_clients = online.len();
+    let first = (m_clients / 10).max(1);
+    let mut s = Samples::default();
+    let mut bd: BTreeMap<&'static str, String> = BTreeMap::new();
+    for r in 0..ctx.runs {
+        eprintln!("leases run {}/{}", r + 1, ctx.runs);
+        let dir = ctx.work.join(format!("leases-{r}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = format!("r{r}");
+
+        let refp = Plane::start(&dir.join("cp-ref")).await;
+        let p = Plane::start(&dir.join("cp")).await;
+        let c = p.admin.clone();
+        create_namespace(&c, NS).await;
+        let mut m = Proc::manager(
+            &p.manager_kubeconfig,
+            dir.join("manager.log"),
+            &manager_args(),
+        );
+        m.wait_ready(Duration::from_secs(120)).await;
+        let ready = Instant::now();
+
+        // The bare client on its own control plane while the manager idles.
+        {
+            let rc = refp.admin.clone();
+            create_namespace(&rc, NS).await;
+            let (t, cpu) = reference(
+                &refp,
+                Api::<Exporter>::namespaced(rc.clone(), NS),
+                "exporter",
+                (0..n).map(|i| exporter(i, &run)).collect(),
+                exporter_done,
+                &run,
+            )
+            .await;
+            s.push("ref.exporters.rate", n as f64 / t);
+            s.push("ref.exporters.api_cpu", cpu * 1000.0 / n as f64);
+            let (t, _) = reference(
+                &refp,
+                Api::<Client>::namespaced(rc.clone(), NS),
+                "client",
+                (0..m_clients).map(|i| client(i, &run)).collect(),
+                client_done,
+                &run,
+            )
+            .await;
+            s.push("ref.clients.secs", t);
+            let (t, _) = reference(
+                &refp,
+                Api::<Lease>::namespaced(rc.clone(), NS),
+                "lease",
+                (0..m_clients).map(|i| lease("b", i, &run)).collect(),
+                lease_done,
+                &run,
+            )
+            .await;
+            s.push("ref.leases.secs", t);
+        }
+        drop(refp);
+        tokio::time::sleep(IDLE.saturating_sub(ready.elapsed())).await;
+        let rss0 = m.rss() as f64;
+        s.push("rss.zero", rss0 / (1 << 20) as f64);
+        s.push("rss.zero_after", ready.elapsed().as_secs_f64());
+
+        // Exporters.
+        let exporters: Api<Exporter> = Api::namespaced(c.clone(), NS);
+        let st = timed(
+            &p,
+            &m,
+            exporters.clone(),
+            (0..n).map(|i| exporter(i, &run)).collect(),
+            exporter_done,
+            &run,
+            "Exporters",
+        )
+        .await;
+        let per = |x: u64| x as f64 / n as f64;
+        s.push("exporters.rate", n as f64 / st.secs);
+        s.push("exporters.requests", per(st.requests()));
+        s.push("exporters.writes", per(st.writes()));
+        s.push(
+            "exporters.leader_lease",
+            st.manager.coordination_lease_requests() as f64,
+        );
+        s.push("exporters.api_cpu", st.apiserver_cpu * 1000.0 / n as f64);
+        s.push("exporters.manager_cpu", st.manager_cpu * 1000.0 / n as f64);
+        bd_insert(&mut bd, "exporters", st.manager.top(8));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let rss1 = m.rss() as f64;
+        s.push("rss.after", rss1 / (1 << 20) as f64);
+        s.push("rss.per_exporter", (rss1 - rss0) / n as f64 / 1024.0);
+
+        // Clients.
+        let st = timed(
+            &p,
+            &m,
+            Api::<Client>::namespaced(c.clone(), NS),
+            (0..m_clients).map(|i| client(i, &run)).collect(),
+            client_done,
+            &run,
+            "Clients",
+        )
+        .await;
+        s.push("clients.secs", st.secs);
+        s.push("clients.requests", st.requests() as f64 / m_clients as f64);
+        s.push("clients.writes", st.writes() as f64 / m_clients as f64);
+        bd_insert(&mut bd, "clients", st.manager.top(6));
+
+        // One Exporter in ten online.
+        let devices: Arc<Vec<(String, String)>> = Arc::new(
+            online
+                .iter()
+                .map(|i| (exporter_name(*i), uuid::Uuid::new_v4().to_string()))
+                .collect(),
+        );
+        let tracker = track(
+            exporters.clone(),
+            watcher::Config::default().labels(&format!("{LABEL}={run},{POOL}={ONLINE}")),
+            online.len(),
+            online_done,
+        );
+        let st = timed_with(&p, &m, tracker, "Exporters online", async {
+            fail(
+                "online status patch",
+                &patch_all(&exporters, online_patches(&devices), true).await,
+            );
+        })
+        .await;
+        let refresher = keep_online(exporters.clone(), devices.clone());
+        s.push("online.secs", st.secs);
+        s.push(
+            "online.requests",
+            st.requests() as f64 / online.len() as f64,
+        );
+        bd_insert(&mut bd, "online", st.manager.top(6));
+
+        // Leases: a tenth, released, then one per Client.
+        let leases: Api<Lease> = Api::namespaced(c.clone(), NS);
+        let step_a = format!("{run}-a");
+        let a = timed(
+            &p,
+            &m,
+            leases.clone(),
+            (0..first).map(|i| lease("a", i, &step_a)).collect(),
+            lease_done,
+            &step_a,
+            "Leases (first)",
+        )
+        .await;
+        let ended = track(
+            leases.clone(),
+            watcher::Config::default().labels(&format!("{LABEL}={step_a}")),
+            first,
+            lease_ended,
+        );
+        let release: Vec<(String, Value)> = (0..first)
+            .map(|i| {
+                (
+                    format!("lease-a-{i:04}"),
+                    json!({"spec": {"release": true}}),
+                )
+            })
+            .collect();
+        let t0 = Instant::now();
+        fail("lease release", &patch_all(&leases, release, false).await);
+        ended.wait("first Leases released", WAIT).await;
+        eprintln!(
+            "  {first} Leases released and ended in {:.2}s",
+            t0.elapsed().as_secs_f64()
+        );
+        manager_quiet(&p).await;
+        let step_b = format!("{run}-b");
+        let b = timed(
+            &p,
+            &m,
+            leases.clone(),
+            (0..m_clients).map(|i| lease("b", i, &step_b)).collect(),
+            lease_done,
+            &step_b,
+            "Leases",
+        )
+        .await;
+        s.push("leases.first.secs", a.secs);
+        s.push("leases.all.secs", b.secs);
+        s.push(
+            "leases.flatness",
+            (b.secs / m_clients as f64) / (a.secs / first as f64),
+        );
+        push_lease_counts(&mut s, &[&a, &b], first + m_clients);
+        bd_insert(&mut bd, "leases", b.manager.top(8));
+        let where_ = |st: &Step| match st.manager.top_code(409, 4) {
+            t if t.is_empty() => "none".to_string(),
+            t => t,
+        };
+        let conflicts = format!("{}; {}", where_(&a), where_(&b));
+        bd_insert(&mut bd, "conflicts", conflicts);
+
+        assert!(
+            !refresher.is_finished(),
+            "leases phase: the keep-online task stopped"
+        );
+        check(&c, m_clients).await;
+        refresher.abort();
+        m.stop("TERM");
+        drop(p);
+        if std::env::var("UCM_BENCH_KEEP").as_deref() != Ok("1") {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    figures(n, m_clients, first, &s, &bd)
+}
+
+fn figures(
+    n: usize,
+    m: usize,
+    first: usize,
+    s: &Samples,
+    bd: &BTreeMap<&str, String>,
+) -> Vec<Figure> {
+    let bd = |k: &str| bd.get(k).cloned().unwrap_or_default();
+    let med = |k: &str| s.median(k);
+    let fig = |id: &str, title: String, unit: &str, key: &str| {
+        Figure::new(PHASE, &format!("leases.{id}"), &title, unit, s.get(key))
+    };
+    let shipped = "manager at the shipped defaults, as config/default deploys it: every feature on, all namespaces, --leader-elect, the default worker count";
+    let counted = "non-watch requests by the manager's ServiceAccount in the API server's audit log, from the first create until the manager was quiet for 2 s; its leader-election Lease counted apart";
+    vec![
+        fig(
+            "exporters.objects_per_s",
+            format!("{n} Exporters in one namespace: create → every final status (credential and an Online condition)"),
+            "objects/s",
+            "exporters.rate",
+        )
+        .reference(GO_BULK_RATE, &go("; issue 17 goal ≥ 2× Go"), false)
+        .higher_is_better()
+        .note(format!(
+            "{shipped}; bench creates 8 at a time. Bare client in the same run (create + status patch of the same Exporters, 8 at a time, own control plane): {:.0} objects/s, ucm / bare {:.2}",
+            med("ref.exporters.rate"),
+            med("exporters.rate") / med("ref.exporters.rate"),
+        )),
+        fig(
+            "exporters.requests_per_object",
+            format!("{n} Exporters: manager API requests per Exporter"),
+            "requests",
+            "exporters.requests",
+        )
+        .reference(GO_REQUESTS, &go("; issue 17 goal ≤ 3"), false)
+        .note(format!(
+            "{counted} ({:.0} Lease requests in the step); top: {}",
+            med("exporters.leader_lease"),
+            bd("exporters")
+        )),
+        fig(
+            "exporters.writes_per_object",
+            format!("{n} Exporters: manager API writes per Exporter"),
+            "writes",
+            "exporters.writes",
+        )
+        .reference(GO_WRITES, &go(""), false)
+        .note("creates, updates, patches and deletes of the requests above"),
+        fig(
+            "exporters.apiserver_cpu_per_object",
+            format!("{n} Exporters: etcd + kube-apiserver CPU per Exporter"),
+            "ms",
+            "exporters.api_cpu",
+        )
+        .reference(GO_API_CPU_MS, &go(""), false)
+        .note(format!(
+            "CPU of the kharness process (etcd and kube-apiserver) during the step, from /proc. Bare client in the same run: {:.2} ms (ucm / bare {:.2}). The manager itself: {:.2} ms per Exporter (Go {GO_MANAGER_CPU_MS} ms)",
+            med("ref.exporters.api_cpu"),
+            med("exporters.api_cpu") / med("ref.exporters.api_cpu"),
+            med("exporters.manager_cpu"),
+        )),
+        fig(
+            "memory.bytes_per_exporter",
+            format!("manager RSS per cached Exporter (with its Secret), {n} Exporters"),
+            "KiB",
+            "rss.per_exporter",
+        )
+        .reference(GO_RSS_PER_EXPORTER_KIB, &go("; issue 17 goal ≤ 5 KiB, 0.5× Go"), false)
+        .note(format!(
+            "(RSS 5 s after the manager went quiet after the last final status − idle RSS) / Exporters; the caches hold each Exporter's credential Secret too, and the allocator keeps some of the bulk's garbage. RSS after the bulk: {:.1} MiB (Go {GO_RSS_AFTER_MIB} MiB)",
+            med("rss.after")
+        )),
+        fig(
+            "memory.rss_idle",
+            "manager RSS 20 s after /readyz, CRDs installed, no objects".into(),
+            "MiB",
+            "rss.zero",
+        )
+        .reference(GO_RSS_IDLE_MIB, &go(""), false)
+        .note(format!(
+            "{shipped}; read once the bare client's references were done, a median {:.1} s after /readyz (Go: + 20 s)",
+            med("rss.zero_after")
+        )),
+        fig(
+            "clients.seconds",
+            format!("{m} Clients: create → status.credential set"),
+            "s",
+            "clients.secs",
+        )
+        .reference(GO_CLIENTS_S, &go(""), false)
+        .note(format!(
+            "Bare client in the same run (create + status patch): {:.2} s",
+            med("ref.clients.secs")
+        )),
+        fig(
+            "clients.requests_per_object",
+            format!("{m} Clients: manager API requests per Client"),
+            "requests",
+            "clients.requests",
+        )
+        .reference(2.0, "issue 17 goal ≤ 2 per Client", false)
+        .note(format!(
+            "{counted}; writes per Client: {:.2}; top: {}",
+            med("clients.writes"),
+            bd("clients")
+        )),
+        fig(
+            "online.seconds",
+            format!("{} Exporters (one in ten) made online: status patch → Online and Registered", n.div_ceil(10)),
+            "s",
+            "online.secs",
+        )
+        .reference(GO_ONLINE_S, &go(""), false)
+        .note(format!(
+            "one merge patch of each Exporter's status, 8 at a time, as peer-figures.md describes: lastSeen (now), exporterStatus Available, statusMessage, one device; the conditions are left to the manager (Registered from devices, Online from lastSeen), as the reference left them to the Go controller. The same patch is repeated every 20 s while the lease steps run. Manager requests per Exporter in the step: {:.2}; top: {}",
+            med("online.requests"),
+            bd("online")
+        )),
+        fig(
+            "leases.first_seconds",
+            format!("{first} Leases among {n} Exporters: create → all assigned and Ready"),
+            "s",
+            "leases.first.secs",
+        )
+        .note(format!(
+            "one Lease per Client, each an hour long, selector matchLabels {POOL}={ONLINE}: the label only the online Exporters carry, so each Lease can take any free online Exporter (peer-figures.md does not say which selector the reference used). Released (spec.release) and ended before the next step"
+        )),
+        fig(
+            "leases.seconds",
+            format!("{m} Leases among {n} Exporters: create → all assigned and Ready"),
+            "s",
+            "leases.all.secs",
+        )
+        .reference(GO_LEASES_S, &go("; issue 17 goal ≤ 4 s, 0.5× Go"), false)
+        .note(format!(
+            "one Lease per Client, one per online Exporter, same selector; the online Exporters are patched every 20 s meanwhile, and the passes that triggers run in the same worker. Bare client in the same run (create + status patch of the Leases): {:.2} s. Checked after each run (the phase fails otherwise): no exporter holds two active leases, every Lease is on an online exporter, every Exporter's and Client's credential Secret has a token and its owner as controller",
+            med("ref.leases.secs")
+        )),
+        fig(
+            "leases.per_lease_growth",
+            format!("time per Lease at {m} Leases / time per Lease at {first}"),
+            "ratio",
+            "leases.flatness",
+        )
+        .reference(1.2, "issue 17 goal ≤ 1.2: flat in N", false)
+        .note(format!(
+            "per Lease: median {:.1} ms at {first}, {:.1} ms at {m}",
+            med("leases.first.secs") * 1000.0 / first as f64,
+            med("leases.all.secs") * 1000.0 / m as f64
+        )),
+        fig(
+            "leases.conflicts_per_assignment",
+            format!("409 conflicts per Lease assignment ({first} + {m} Leases)"),
+            "conflicts",
+            "leases.conflicts",
+        )
+        .reference(0.05, "issue 17 goal ≤ 0.05", false)
+        .note(format!(
+            "responses with code 409 to the manager's requests (audit log responseStatus.code) in both lease steps, its leader-election Lease apart; ucm at 369af94 had 263 in peer-figures.md's 500-Lease step. Where they were, last run (first step; second step): {}",
+            bd("conflicts")
+        )),
+        fig(
+            "leases.requests_per_assignment",
+            format!("manager API requests per Lease assignment ({first} + {m} Leases)"),
+            "requests",
+            "leases.requests",
+        )
+        .reference(1.0, "issue 17 goal: assignment reads only caches, one write", false)
+        .note(format!(
+            "{counted}, both lease steps; includes the passes the 20 s online patches trigger. Top (second step): {}",
+            bd("leases")
+        )),
+        fig(
+            "leases.writes_per_assignment",
+            format!("manager API writes per Lease assignment ({first} + {m} Leases)"),
+            "writes",
+            "leases.writes",
+        )
+        .reference(1.0, "issue 17 goal: one write per assignment", false)
+        .note("creates, updates, patches and deletes of the requests above (Lease status, the Lease's owner reference, the Exporter's leaseRef, events)"),
+    ]
+}
