@@ -63,7 +63,13 @@ impl Scale {
 /// Lease name and durations) and the default reconcile concurrency. Every phase measures what
 /// users run (issue 15); the Lease's own renewals are counted apart in the idle figures.
 pub fn manager_args() -> Vec<String> {
-    vec!["--leader-elect".into()]
+    let mut args = vec!["--leader-elect".to_string()];
+    // `UCM_BENCH_MANAGER_ARGS` (space-separated) adds flags, e.g. to compare worker counts when
+    // choosing the default; results.md records it, since figures are then not the defaults'.
+    if let Ok(extra) = std::env::var("UCM_BENCH_MANAGER_ARGS") {
+        args.extend(extra.split_whitespace().map(str::to_string));
+    }
+    args
 }
 
 fn vmx_done(e: &VirtualMachineExport) -> bool {

@@ -118,6 +118,12 @@ fn meta(runs: usize, scale: f64) -> serde_json::Map<String, serde_json::Value> {
         sh("git rev-parse --short HEAD 2>/dev/null").into(),
     );
     m.insert("runs per figure".into(), runs.into());
+    if let Ok(extra) = std::env::var("UCM_BENCH_MANAGER_ARGS") {
+        m.insert(
+            "MANAGER ARGS".into(),
+            format!("extra manager flags {extra:?}: not the shipped defaults").into(),
+        );
+    }
     if scale != 1.0 {
         m.insert(
             "SCALE".into(),
