@@ -202,7 +202,7 @@ pub fn decide_assignment(inp: &AssignInputs<'_>) -> Assignment {
             .exporters
             .iter()
             .copied()
-            .filter(|e| selector::matches(sel, labels_of(e)).unwrap_or(false))
+            .filter(|e| selector::matches_valid(sel, labels_of(e)))
             .collect();
         let enabled = filter_out_disabled(&listed);
         if enabled.is_empty() && !listed.is_empty() {

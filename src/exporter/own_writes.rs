@@ -148,6 +148,7 @@ impl Replaced {
 #[derive(Default)]
 pub struct Replacements {
     pub exporters: Replaced,
+    pub clients: Replaced,
     pub leases: Replaced,
 }
 

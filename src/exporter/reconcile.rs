@@ -543,6 +543,13 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
     let now = Timestamp::now();
     let ns = client.namespace().unwrap_or_default();
     let name = client.name_any();
+    let rv = client.resource_version().unwrap_or_default();
+    if ctx.replaced.clients.is_stale(&ns, &name, &rv) {
+        return Ok(Action::await_change());
+    }
+    if !ctx.caches.synced.wait().await {
+        return Ok(Action::await_change()); // shutting down
+    }
     let Some(owner) = controller_ref(&*client) else {
         return Ok(Action::await_change());
     };
@@ -573,10 +580,10 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
             client_status::without_credential(&client, problem, &ctx.settings.status.endpoint, now);
         if let Some(patch) = status_merge_patch(client.status.as_ref(), &status) {
             let api: Api<Client> = Api::namespaced(ctx.client.clone(), &ns);
-            let rv = client.resource_version().unwrap_or_default();
             ctx.writer
                 .merge_status_fenced(&api, &name, &rv, &patch)
                 .await?;
+            ctx.replaced.clients.note(&ns, &name, &rv);
         }
         return Ok(Action::await_change());
     }
@@ -594,10 +601,10 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
     let mut persisted = None;
     if let Some(patch) = status_merge_patch(client.status.as_ref(), &desired.status) {
         let api: Api<Client> = Api::namespaced(ctx.client.clone(), &ns);
-        let rv = client.resource_version().unwrap_or_default();
         ctx.writer
             .merge_status_fenced(&api, &name, &rv, &patch)
             .await?;
+        ctx.replaced.clients.note(&ns, &name, &rv);
         persisted = Some(&desired.status);
     }
     let events = client_status::events(

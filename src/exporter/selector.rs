@@ -28,6 +28,12 @@ pub fn matches(
     labels: &BTreeMap<String, String>,
 ) -> Result<bool, InvalidSelector> {
     validate(selector)?;
+    Ok(matches_valid(selector, labels))
+}
+
+/// [`matches`] for a selector [`validate`] accepted: no checks per call, for loops over many
+/// label sets (a lease decision reads every Exporter of its namespace).
+pub fn matches_valid(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     let labels_ok = selector
         .match_labels
         .iter()
@@ -40,10 +46,10 @@ pub fn matches(
             "In" => current.is_some_and(|v| values.contains(v)),
             "NotIn" => current.is_none_or(|v| !values.contains(v)),
             "Exists" => current.is_some(),
-            _ => current.is_none(), // DoesNotExist (validated above)
+            _ => current.is_none(), // DoesNotExist (validated)
         }
     });
-    Ok(labels_ok && exprs_ok)
+    labels_ok && exprs_ok
 }
 
 /// apimachinery's label key check (`IsQualifiedName`).
