@@ -19,6 +19,7 @@ type Key = (String, String);
 
 use super::lease_logic::Assignment;
 use super::types::{Lease, LeaseStatus};
+use crate::runtime::controller::Guarded;
 
 /// In-flight assignments: (namespace, lease) → (exporter, spot access).
 #[derive(Default)]
@@ -28,16 +29,20 @@ pub struct Ledger {
 
 impl Ledger {
     /// Runs `decide` with the namespace's cached Leases plus the in-flight assignments the cache
-    /// does not show yet, and reserves the exporter it assigns. `cached` is every Lease of the
-    /// namespace the Lease cache holds (ended ones leave it).
+    /// does not show yet, and reserves the exporter it assigns. `snapshot` reads every Lease of
+    /// the namespace from the Lease cache (ended ones leave it); it is read under the ledger's
+    /// lock, so it is never older than the snapshot an entry was reserved against: a lease
+    /// missing from it has really ended or gone, not just not reached an older copy.
     pub fn decide(
         &self,
         namespace: &str,
         lease: &str,
-        cached: &[&Lease],
+        snapshot: impl FnOnce() -> Vec<Arc<Guarded<Lease>>>,
         decide: impl FnOnce(&[&Lease]) -> Assignment,
     ) -> Assignment {
         let mut inner = self.inner.lock().expect("lock");
+        let guards = snapshot();
+        let cached: Vec<&Lease> = guards.iter().filter_map(|g| g.0.as_ref().ok()).collect();
         // An entry is done once the cache shows its lease assigned, ended or gone.
         inner.retain(|(ns, l), _| {
             ns != namespace
@@ -195,6 +200,15 @@ mod tests {
         l
     }
 
+    /// A cache snapshot of these leases.
+    fn cache(leases: &[&Lease]) -> impl FnOnce() -> Vec<Arc<Guarded<Lease>>> {
+        let guards: Vec<_> = leases
+            .iter()
+            .map(|l| Arc::new(kube::core::DeserializeGuard(Ok((*l).clone()))))
+            .collect();
+        move || guards
+    }
+
     fn assign(exporter: &str) -> Assignment {
         Assignment::Assign {
             exporter: exporter.into(),
@@ -219,17 +233,17 @@ mod tests {
         let (l1, l2) = (pending("l1"), pending("l2"));
         let cached = [&l1, &l2];
         // l1 takes e1; the cache still shows l1 pending.
-        ledger.decide("lab", "l1", &cached, |active| {
+        ledger.decide("lab", "l1", cache(&cached), |active| {
             assert!(leased(active).is_empty());
             assign("e1")
         });
         // l2's pass sees e1 leased although no cached lease says so.
-        ledger.decide("lab", "l2", &cached, |active| {
+        ledger.decide("lab", "l2", cache(&cached), |active| {
             assert_eq!(leased(active), vec!["e1"]);
             assign("e2")
         });
         // Another namespace is not affected.
-        ledger.decide("other", "l9", &[], |active| {
+        ledger.decide("other", "l9", cache(&[]), |active| {
             assert!(leased(active).is_empty());
             Assignment::Scheduled(Default::default())
         });
@@ -242,7 +256,7 @@ mod tests {
             .unwrap(),
         );
         let l3 = pending("l3");
-        ledger.decide("lab", "l3", &[&l1_seen, &l2, &l3], |active| {
+        ledger.decide("lab", "l3", cache(&[&l1_seen, &l2, &l3]), |active| {
             assert_eq!(leased(active), vec!["e1", "e2"]);
             Assignment::Pending {
                 reason: "NotAvailable",
@@ -251,7 +265,7 @@ mod tests {
         });
         assert_eq!(ledger.len(), 1, "only l2's assignment is still in flight");
         // l2 ended or was deleted (it left the cache): its exporter is free again.
-        ledger.decide("lab", "l3", &[&l1_seen, &l3], |active| {
+        ledger.decide("lab", "l3", cache(&[&l1_seen, &l3]), |active| {
             assert_eq!(leased(active), vec!["e1"]);
             Assignment::Scheduled(Default::default())
         });
@@ -262,14 +276,14 @@ mod tests {
     fn a_failed_write_frees_the_exporter_and_a_lease_never_blocks_itself() {
         let ledger = Ledger::default();
         let (l1, l2) = (pending("l1"), pending("l2"));
-        ledger.decide("lab", "l1", &[&l1, &l2], |_| assign("e1"));
+        ledger.decide("lab", "l1", cache(&[&l1, &l2]), |_| assign("e1"));
         // A second pass of l1 itself (its cache still stale) does not see its own entry.
-        ledger.decide("lab", "l1", &[&l1, &l2], |active| {
+        ledger.decide("lab", "l1", cache(&[&l1, &l2]), |active| {
             assert!(leased(active).is_empty());
             assign("e1")
         });
         ledger.release("lab", "l1");
-        ledger.decide("lab", "l2", &[&l1, &l2], |active| {
+        ledger.decide("lab", "l2", cache(&[&l1, &l2]), |active| {
             assert!(leased(active).is_empty(), "the released exporter is free");
             Assignment::Scheduled(Default::default())
         });
@@ -277,19 +291,23 @@ mod tests {
 
     #[test]
     fn concurrent_decisions_never_assign_one_exporter_twice() {
+        // Leases reach the cache while others are decided, as in a bulk create: each worker
+        // adds its lease to the shared cache, then decides. A snapshot read outside the lock
+        // could predate another lease's entry and drop it as gone (the bench caught that).
         let ledger = Arc::new(Ledger::default());
-        let leases: Vec<Lease> = (0..64).map(|i| pending(&format!("l{i}"))).collect();
-        let leases = Arc::new(leases);
+        let store: Arc<Mutex<Vec<Arc<Guarded<Lease>>>>> = Default::default();
         let threads: Vec<_> = (0..8)
             .map(|t| {
-                let (ledger, leases) = (ledger.clone(), leases.clone());
+                let (ledger, store) = (ledger.clone(), store.clone());
                 std::thread::spawn(move || {
-                    let cached: Vec<&Lease> = leases.iter().collect();
                     (0..8)
                         .filter_map(|i| {
                             let name = format!("l{}", t * 8 + i);
+                            let guard = kube::core::DeserializeGuard(Ok(pending(&name)));
+                            store.lock().unwrap().push(Arc::new(guard));
+                            let snapshot = || store.lock().unwrap().clone();
                             // The first of 64 exporters that nothing holds.
-                            match ledger.decide("lab", &name, &cached, |active| {
+                            match ledger.decide("lab", &name, snapshot, |active| {
                                 let taken = leased(active);
                                 (0..64)
                                     .map(|e| format!("e{e:02}"))

@@ -645,7 +645,6 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let mut assignment = None;
     if !status.ended && status.exporter_ref_name().is_none() {
         let exporter_refs = readable(&exporters);
-        let leases = Caches::in_namespace(&ctx.caches.leases, &ns);
         let policies = Caches::in_namespace(&ctx.caches.policies, &ns);
         let policy_refs = readable(&policies);
         // An empty name is no Client; it is reported as not found.
@@ -654,16 +653,21 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         } else {
             Caches::get(&ctx.caches.clients, &ns, &lease.spec.client_ref.name)
         };
-        let mut decision = ctx.ledger.decide(&ns, &name, &readable(&leases), |active| {
-            lease_logic::decide_assignment(&AssignInputs {
-                lease: &lease,
-                exporters: &exporter_refs,
-                active_leases: active,
-                policies: &policy_refs,
-                client: client.as_ref().and_then(|c| c.0.as_ref().ok()),
-                now,
-            })
-        });
+        let mut decision = ctx.ledger.decide(
+            &ns,
+            &name,
+            || Caches::in_namespace(&ctx.caches.leases, &ns),
+            |active| {
+                lease_logic::decide_assignment(&AssignInputs {
+                    lease: &lease,
+                    exporters: &exporter_refs,
+                    active_leases: active,
+                    policies: &policy_refs,
+                    client: client.as_ref().and_then(|c| c.0.as_ref().ok()),
+                    now,
+                })
+            },
+        );
         // Rule 5.4.3: the caches are not mutually consistent, so an exporter that records lease
         // hooks is re-checked on a fresh read: its cache may predate the record of the lease it
         // was handed last. Others gate on the exporterStatus they report, as upstream reads it
