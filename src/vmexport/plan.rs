@@ -18,6 +18,7 @@ use super::context::Config;
 use super::naming;
 use super::sources::{Source, unavailable};
 use super::types::{Condition, VirtualMachineExport, VirtualMachineExportStatus};
+use crate::conditions::{remove_kubevirt, set_kubevirt_condition};
 
 /// What a pass read, all from caches.
 #[derive(Clone)]
@@ -113,13 +114,13 @@ impl Plan {
             (None, None) => (self.source.phase_without_pod, self.source.ready.clone()),
         };
         let mut conds = status.conditions.take().unwrap_or_default();
-        set_condition(&mut conds, ready, &self.now);
+        set_kubevirt_condition(&mut conds, ready, &self.now);
         match &self.source.extra {
             Some(c) => {
-                set_condition(&mut conds, c.clone(), &self.now);
+                set_kubevirt_condition(&mut conds, c.clone(), &self.now);
             }
             None => {
-                remove_condition(&mut conds, COND_PVC_READY);
+                remove_kubevirt(&mut conds, COND_PVC_READY);
             }
         }
         status.conditions = Some(conds);
