@@ -313,21 +313,6 @@ pub(super) async fn create_token(
     }
 }
 
-/// Ensures a serving certificate exists while a pod runs: a deleted Secret is issued again, so
-/// that the next pod (and the kubelet's remount) finds one. `cached` is the Secret's metadata
-/// from the cache.
-pub(super) async fn ensure_cert_present(
-    ctx: &Context,
-    export: &VirtualMachineExport,
-    ca: &Pem,
-    cached: Option<&ObjectMeta>,
-) -> Result<(), Failed> {
-    match cached {
-        Some(m) => secret_ours(m, export, CERT_ADVICE),
-        None => ensure_cert(ctx, export, ca, None).await.map(|_| ()),
-    }
-}
-
 /// Ensures a valid serving certificate before a pod is made; returns its notAfter (§7.4.3).
 /// The one Secret read with its data: whether it must be reissued, and the pod's deadline,
 /// depend on the certificate in it. It is read only when a pod is about to be created and the

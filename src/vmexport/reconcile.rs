@@ -23,9 +23,7 @@ use kube::{Api, ResourceExt};
 use prometheus::{IntCounter, IntGaugeVec, Opts};
 
 use super::build::*;
-use super::children::{
-    create_service, create_token, ensure_cert, ensure_cert_present, ensure_manifest,
-};
+use super::children::{create_service, create_token, ensure_cert, ensure_manifest};
 pub use super::context::{Config, Context, Error, Stores};
 use super::context::{Created, is_already_exists, object_ref};
 use super::naming;
@@ -240,10 +238,12 @@ async fn apply(
                     }
                 }
             }
-            CertStep::Present if failure.is_none() => {
+            // A running pod keeps its certificate; only a deleted Secret is issued again, so
+            // that the next pod (and the kubelet's remount) finds one. (The plan checked that
+            // a cached one is ours.)
+            CertStep::Present if failure.is_none() && observed.cert.is_none() => {
                 let ca = ctx.ca().await?;
-                if let Err(f) = ensure_cert_present(ctx, export, &ca, observed.cert.as_ref()).await
-                {
+                if let Err(f) = ensure_cert(ctx, export, &ca, None).await {
                     failure = Some(f.condition());
                 }
             }
