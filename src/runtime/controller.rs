@@ -392,9 +392,8 @@ pub async fn run<K, C, E, F, Fut>(
                             }
                             Ok(action)
                         }
-                        // Quickly again from fresh state, a few times in a row; a write that
-                        // keeps being fenced out (a stale cache, or a patch that can never
-                        // apply) then backs off like any failure.
+                        // Reported on the object already (bad input is a condition, never
+                        // an error): retried with the object's backoff, uncounted.
                         Err(e) if e.reported().is_some() => {
                             runner.conflicts.lock().expect("lock").remove(&oref);
                             let limit = e.reported().unwrap_or(runner.backoff_cap);
@@ -402,6 +401,9 @@ pub async fn run<K, C, E, F, Fut>(
                             measure.set_result(ReconcileResult::RequeueAfter);
                             Ok(Action::requeue(backoff(n, runner.backoff_cap).min(limit).max(Duration::from_millis(1))))
                         }
+                        // Quickly again from fresh state, a few times in a row; a write that
+                        // keeps being fenced out (a stale cache, or a patch that can never
+                        // apply) then backs off like any failure.
                         Err(e) if e.is_conflict() && runner.count_conflict(&oref) <= MAX_QUICK_CONFLICTS => {
                             debug!(controller = name, object = %oref, "write conflict; reconciling again from fresh state");
                             measure.set_result(ReconcileResult::RequeueAfter);

@@ -1,5 +1,7 @@
 //! Children of an export (vmexport.md §7): Service, token Secret, serving certificate and the
-//! manifest ConfigMap. Each is created when missing and never overwritten needlessly.
+//! manifest ConfigMap. Each is created when missing and never overwritten needlessly. The plan
+//! decides from the caches which ones are missing; a create that answers AlreadyExists (a cache
+//! behind, or an object of someone else's without our label) reads that one object to decide.
 
 use std::collections::BTreeMap;
 
