@@ -311,3 +311,63 @@ impl Context {
         Ok(pem)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(n: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(n.into()),
+            ..Default::default()
+        }
+    }
+
+    fn meta(c: Created) -> Option<ObjectMeta> {
+        match c {
+            Created::Meta(m) => Some(*m),
+            Created::Pod(_) => None,
+        }
+    }
+
+    /// What we created counts as present until the cache shows it; then the cache wins.
+    #[test]
+    fn recent_creates_cover_a_cache_that_is_behind() {
+        let r = Recent::default();
+        assert_eq!(r.overlay("Secret", "ns", "a", None, meta), None);
+        r.remember("Secret", "ns", "a", Created::Meta(Box::new(named("ours"))));
+        let seen = r.overlay("Secret", "ns", "a", None, meta);
+        assert_eq!(seen.and_then(|m| m.name), Some("ours".into()));
+        // other kinds, names and namespaces are not covered
+        assert_eq!(r.overlay("Service", "ns", "a", None, meta), None);
+        assert_eq!(r.overlay("Secret", "other", "a", None, meta), None);
+        // once the cache has it, the memo goes: a later deletion reads as absent
+        let cached = r.overlay("Secret", "ns", "a", Some(named("cached")), meta);
+        assert_eq!(cached.and_then(|m| m.name), Some("cached".into()));
+        assert_eq!(r.overlay("Secret", "ns", "a", None, meta), None);
+    }
+
+    /// The step, then its cause, each once.
+    #[test]
+    fn errors_name_the_step_and_print_the_cause_once() {
+        let e = Error::DeletePod("virt-export-a".into(), WriteError::NotLeader);
+        assert_eq!(
+            crate::runtime::controller::error_chain(&e),
+            "delete pod virt-export-a: this replica is not the leader; the write was refused"
+        );
+        assert_eq!(e.metric_label(), "not_leader");
+        let e = Error::WriteStatus(WriteError::NotLeader);
+        assert_eq!(
+            crate::runtime::controller::error_chain(&e),
+            "write status: this replica is not the leader; the write was refused"
+        );
+        assert_eq!(
+            Error::Reported {
+                until: Duration::from_secs(3)
+            }
+            .reported(),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(e.reported(), None);
+    }
+}
