@@ -120,7 +120,7 @@ impl Writer {
         self.leadership.is_leader()
     }
 
-    pub fn check(&self) -> Result<(), WriteError> {
+    fn check(&self) -> Result<(), WriteError> {
         if self.leadership.is_leader() {
             Ok(())
         } else {
