@@ -9,7 +9,7 @@
 //! Every setter returns whether it changed anything, so callers skip no-op status writes.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use schemars::{JsonSchema, Schema, json_schema};
+use schemars::{Schema, json_schema};
 use serde::{Deserialize, Serialize};
 
 pub const TRUE: &str = "True";
@@ -213,25 +213,25 @@ fn replace(field: &mut String, value: &str) -> bool {
     true
 }
 
-/// KubeVirt's condition shape (`VirtualMachineExportCondition` and friends): no observedGeneration,
-/// and a `lastProbeTime` that KubeVirt always leaves null.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+// KubeVirt's condition shape (`VirtualMachineExportCondition` and friends): no
+// observedGeneration, and a `lastProbeTime` that KubeVirt always leaves null (ucm leaves it out).
+// The doc comments are the VirtualMachineExport seed's: they become `kubectl explain` text.
+/// Condition defines conditions
+#[derive(kube::KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct KubeVirtCondition {
-    #[serde(rename = "type")]
-    pub type_: String,
-    pub status: String,
-    /// Always null; kept for API compatibility.
-    #[serde(default)]
-    #[schemars(with = "Option<String>")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_probe_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Option<String>")]
     pub last_transition_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub status: String,
+    /// ConditionType is the const type for Conditions
+    #[serde(rename = "type")]
+    pub type_: String,
 }
 
 /// KubeVirt mode: `lastTransitionTime` changes when status, reason or message changes;
@@ -250,19 +250,37 @@ pub fn set_kubevirt(
         type_: desired.type_.to_string(),
         status: desired.status.as_str().to_string(),
         last_probe_time: None,
-        last_transition_time: Some(now.clone()),
+        last_transition_time: None,
         reason: Some(desired.reason.to_string()),
-        message: Some(cap_message(&desired.message)),
+        message: Some(desired.message),
     };
-    match conditions.iter_mut().find(|c| c.type_ == desired.type_) {
+    set_kubevirt_condition(conditions, wanted, now)
+}
+
+/// [`set_kubevirt`] for a condition built elsewhere (VirtualMachineExport's reasons travel as
+/// conditions through its plan). A new `Ready` condition goes first, as KubeVirt orders them.
+pub fn set_kubevirt_condition(
+    conditions: &mut Vec<KubeVirtCondition>,
+    mut wanted: KubeVirtCondition,
+    now: &Time,
+) -> bool {
+    wanted.last_probe_time = None;
+    wanted.last_transition_time = Some(now.clone());
+    wanted.message = Some(cap_message(wanted.message.as_deref().unwrap_or_default()));
+    let text = |o: &Option<String>| o.clone().unwrap_or_default();
+    match conditions.iter_mut().find(|c| c.type_ == wanted.type_) {
         None => {
-            conditions.push(wanted);
+            if wanted.type_ == "Ready" {
+                conditions.insert(0, wanted);
+            } else {
+                conditions.push(wanted);
+            }
             true
         }
         Some(c) => {
             let same = c.status == wanted.status
-                && c.reason == wanted.reason
-                && c.message == wanted.message;
+                && text(&c.reason) == text(&wanted.reason)
+                && text(&c.message) == text(&wanted.message);
             if same && c.last_probe_time.is_none() {
                 return false;
             }
@@ -274,6 +292,13 @@ pub fn set_kubevirt(
             true
         }
     }
+}
+
+/// Removes a KubeVirt-mode condition; returns whether one was removed.
+pub fn remove_kubevirt(conditions: &mut Vec<KubeVirtCondition>, type_: &str) -> bool {
+    let before = conditions.len();
+    conditions.retain(|c| c.type_ != type_);
+    conditions.len() != before
 }
 
 /// Whether a freshly built status differs from the observed one: callers skip the write when it
@@ -561,8 +586,9 @@ mod tests {
         ));
         assert_eq!(cs[0].last_transition_time, Some(t(5)));
         assert!(cs[0].last_probe_time.is_none());
+        // Left out, which reads back as null.
         let json = serde_json::to_value(&cs[0]).unwrap();
-        assert!(json.get("lastProbeTime").unwrap().is_null());
+        assert!(json.get("lastProbeTime").is_none());
     }
 
     #[test]

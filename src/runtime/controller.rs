@@ -46,6 +46,13 @@ pub trait ReconcileError: std::error::Error + Send + Sync + 'static {
     {
         &[]
     }
+    /// `Some(limit)` for a failure the reconciler has already reported on the object (a
+    /// condition says what failed): retried with the per-object error backoff, at the latest
+    /// after `limit`, and not counted as a reconcile error (bad input is a condition, never an
+    /// error).
+    fn reported(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Which watch events of the primary kind trigger a reconcile.
@@ -382,12 +389,21 @@ pub struct Runner<K: Resource, C> {
     backoff_cap: Duration,
     /// Reports unreadable objects (a condition and an event on the object).
     writer: super::writer::Writer,
+    /// Reads the raw object of an unreadable one.
+    client: kube::Client,
 }
 
 /// Conflicts in a row retried at once before the error backoff takes over.
 const MAX_QUICK_CONFLICTS: u32 = 8;
 
 impl<K: Resource<DynamicType = ()>, C> Runner<K, C> {
+    fn count_failure(&self, oref: &ObjectRef<Guarded<K>>) -> u32 {
+        let mut m = self.failures.lock().expect("lock");
+        let n = m.entry(oref.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
     fn count_conflict(&self, oref: &ObjectRef<Guarded<K>>) -> u32 {
         let mut m = self.conflicts.lock().expect("lock");
         let n = m.entry(oref.clone()).or_insert(0);
@@ -427,6 +443,7 @@ pub async fn run<K, C, E, F, Fut>(
         conflicts: Mutex::new(HashMap::new()),
         backoff_cap,
         writer: rt.writer(name),
+        client: rt.client.clone(),
     });
     runner
         .metrics
@@ -449,7 +466,7 @@ pub async fn run<K, C, E, F, Fut>(
                         Err(invalid) => {
                             runner.metrics.invalid_object();
                             warn!(controller = name, object = %oref, error = %invalid, "object cannot be read; waiting for it to change");
-                            super::unreadable::report::<K>(&runner.writer, &invalid.metadata).await;
+                            super::unreadable::report::<K>(&runner.client, &runner.writer, &invalid.metadata).await;
                             return Ok(Action::await_change());
                         }
                     };
@@ -464,6 +481,15 @@ pub async fn run<K, C, E, F, Fut>(
                                 measure.set_result(ReconcileResult::RequeueAfter);
                             }
                             Ok(action)
+                        }
+                        // Reported on the object already (bad input is a condition, never
+                        // an error): retried with the object's backoff, uncounted.
+                        Err(e) if e.reported().is_some() => {
+                            runner.conflicts.lock().expect("lock").remove(&oref);
+                            let limit = e.reported().unwrap_or(runner.backoff_cap);
+                            let n = runner.count_failure(&oref);
+                            measure.set_result(ReconcileResult::RequeueAfter);
+                            Ok(Action::requeue(backoff(n, runner.backoff_cap).min(limit).max(Duration::from_millis(1))))
                         }
                         // Quickly again from fresh state, a few times in a row; a write that
                         // keeps being fenced out (a stale cache, or a patch that can never
@@ -482,12 +508,9 @@ pub async fn run<K, C, E, F, Fut>(
                 }
             },
             |guard: Arc<Guarded<K>>, _err: &E, runner: Arc<Runner<K, C>>| {
-                let oref = ObjectRef::from_obj(&*guard);
-                let mut failures = runner.failures.lock().expect("lock");
-                let n = failures.entry(oref).or_insert(0);
-                *n = n.saturating_add(1);
+                let n = runner.count_failure(&ObjectRef::from_obj(&*guard));
                 runner.metrics.retry();
-                Action::requeue(backoff(*n, runner.backoff_cap))
+                Action::requeue(backoff(n, runner.backoff_cap))
             },
             runner,
         )

@@ -1,7 +1,7 @@
 //! The two admin servers, as in controller-runtime: metrics (`/metrics`) and health
 //! (`/healthz`, `/readyz`, `/readyz/<check>`, `?verbose`).
 
-use std::{collections::HashMap, net::SocketAddr, sync::Arc};
+use std::{collections::HashMap, net::SocketAddr};
 
 use axum::{
     Router,
@@ -12,7 +12,17 @@ use axum::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{health::Health, metrics::Metrics};
+use prometheus::{Encoder, Registry, TextEncoder};
+
+use super::health::Health;
+
+/// The text exposition format served on /metrics.
+pub fn encode(registry: &Registry) -> Vec<u8> {
+    let mut buf = Vec::new();
+    // Encoding gathered families into a Vec cannot fail.
+    let _ = TextEncoder::new().encode(&registry.gather(), &mut buf);
+    buf
+}
 
 pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr)
@@ -20,25 +30,27 @@ pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::Tc
         .map_err(|e| anyhow::anyhow!("cannot bind the {what} address {addr}: {e}"))
 }
 
+/// `/metrics` of `registry` in the text exposition format: the manager's, the agents' and the
+/// export server's and proxy's.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
+    registry: Registry,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route(
             "/metrics",
-            get(|State(m): State<Arc<Metrics>>| async move {
+            get(|State(r): State<Registry>| async move {
                 (
                     [(
                         axum::http::header::CONTENT_TYPE,
                         "text/plain; version=0.0.4; charset=utf-8",
                     )],
-                    m.encode(),
+                    encode(&r),
                 )
             }),
         )
-        .with_state(metrics);
+        .with_state(registry);
     axum::serve(listener, app)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await

@@ -82,7 +82,7 @@ pub async fn run(
         info!(address = %l.local_addr()?, "serving metrics");
         servers.spawn(http::serve_metrics(
             l,
-            metrics.clone(),
+            metrics.registry.clone(),
             servers_stop.clone(),
         ));
     }

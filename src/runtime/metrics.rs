@@ -4,9 +4,7 @@
 
 use std::time::Instant;
 
-use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 /// controller-runtime's reconcile-time buckets (0.005 s to 60 s).
 const RECONCILE_BUCKETS: &[f64] = &[
@@ -162,15 +160,6 @@ impl Metrics {
             invalid_objects_total: self.invalid_objects_total.clone(),
         }
     }
-
-    /// The text exposition format served on /metrics.
-    pub fn encode(&self) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
-            .expect("text encoding cannot fail");
-        String::from_utf8(buf).expect("text exposition is UTF-8")
-    }
 }
 
 impl Default for Metrics {
@@ -301,7 +290,7 @@ mod tests {
         m.leader_election_master_status
             .with_label_values(&["ucm-controller-manager"])
             .set(1);
-        let text = m.encode();
+        let text = String::from_utf8(crate::runtime::http::encode(&m.registry)).unwrap();
         for line in [
             "controller_runtime_reconcile_total{controller=\"exporter\",result=\"requeue_after\"} 1",
             "controller_runtime_reconcile_total{controller=\"exporter\",result=\"success\"} 0",

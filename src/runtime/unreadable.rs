@@ -3,7 +3,7 @@
 //! (type `Invalid`, reason `UnreadableObject`) and a Warning event, so its owner can fix it.
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, ObjectMeta};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
@@ -103,7 +103,7 @@ fn status_schema<K: kube::CustomResourceExt>() -> Value {
 
 /// Reads the object raw, finds the field it cannot be read at and reports it (leader only;
 /// failures are logged: the object is skipped either way).
-pub async fn report<K>(writer: &Writer, meta: &ObjectMeta)
+pub async fn report<K>(client: &kube::Client, writer: &Writer, meta: &ObjectMeta)
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + kube::CustomResourceExt,
 {
@@ -115,8 +115,8 @@ where
         return;
     };
     let api: Api<DynamicObject> = match meta.namespace.as_deref() {
-        Some(ns) => Api::namespaced_with(writer.client().clone(), ns, &ar),
-        None => Api::all_with(writer.client().clone(), &ar),
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
     };
     let raw = match api.get_opt(name).await {
         Ok(Some(raw)) => raw,
@@ -139,19 +139,14 @@ where
     else {
         return;
     };
-    let body = json!({
-        "metadata": {"resourceVersion": raw.metadata.resource_version},
-        "status": status_body(&raw.data["status"], conds, &status_schema::<K>()),
-    });
-    let pp = PatchParams {
-        field_manager: Some(writer.field_manager().to_string()),
-        ..Default::default()
-    };
-    if writer.check().is_err() {
-        return;
-    }
-    if let Err(e) = api.patch_status(name, &pp, &Patch::Merge(body)).await {
-        warn!(kind = %ar.kind, name, error = %e, "cannot write the UnreadableObject condition");
+    let status = status_body(&raw.data["status"], conds, &status_schema::<K>());
+    let rv = raw.metadata.resource_version.clone().unwrap_or_default();
+    match writer.merge_status_fenced(&api, name, &rv, &status).await {
+        Ok(_) => {}
+        Err(crate::runtime::WriteError::NotLeader) => return,
+        Err(e) => {
+            warn!(kind = %ar.kind, name, error = %e, "cannot write the UnreadableObject condition")
+        }
     }
     let regarding = ObjectReference {
         api_version: Some(ar.api_version.clone()),

@@ -7,7 +7,7 @@ use std::fmt::Debug;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
 use serde::{Serialize, de::DeserializeOwned};
@@ -72,22 +72,28 @@ impl WriteError {
     pub fn metric_label(&self) -> &'static str {
         match self {
             WriteError::NotLeader => "not_leader",
-            WriteError::Kube(kube::Error::Api(s)) => match s.code {
-                403 => "forbidden",
-                404 => "not_found",
-                409 => "conflict",
-                422 => "invalid",
-                _ => "api",
-            },
-            WriteError::Kube(_) => "kube",
+            WriteError::Kube(e) => kube_metric_label(e),
         }
+    }
+}
+
+/// The metric label of a failed API call, read or write: one of [`WriteError::METRIC_LABELS`].
+pub fn kube_metric_label(e: &kube::Error) -> &'static str {
+    match e {
+        kube::Error::Api(s) => match s.code {
+            403 => "forbidden",
+            404 => "not_found",
+            409 => "conflict",
+            422 => "invalid",
+            _ => "api",
+        },
+        _ => "kube",
     }
 }
 
 /// Leadership-gated writes under one field manager (`ucm-<controller>`), plus Events.
 #[derive(Clone)]
 pub struct Writer {
-    client: Client,
     leadership: Leadership,
     recorder: Recorder,
     manager: String,
@@ -102,33 +108,24 @@ impl Writer {
     ) -> Self {
         let manager = format!("ucm-{controller}");
         let recorder = Recorder::new(
-            client.clone(),
+            client,
             Reporter {
                 controller: manager.clone(),
                 instance,
             },
         );
         Writer {
-            client,
             leadership,
             recorder,
             manager,
         }
     }
 
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
-    pub fn field_manager(&self) -> &str {
-        &self.manager
-    }
-
     pub fn is_leader(&self) -> bool {
         self.leadership.is_leader()
     }
 
-    pub fn check(&self) -> Result<(), WriteError> {
+    fn check(&self) -> Result<(), WriteError> {
         if self.leadership.is_leader() {
             Ok(())
         } else {
@@ -154,24 +151,6 @@ impl Writer {
             .await?)
     }
 
-    /// Server-side apply of `status` only: the body is apiVersion, kind and status.
-    pub async fn apply_status<K>(
-        &self,
-        api: &Api<K>,
-        name: &str,
-        status: &impl Serialize,
-    ) -> Result<K, WriteError>
-    where
-        K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
-    {
-        self.check()?;
-        let body =
-            json!({ "apiVersion": K::api_version(&()), "kind": K::kind(&()), "status": status });
-        Ok(api
-            .patch_status(name, &self.apply_params(), &Patch::Apply(body))
-            .await?)
-    }
-
     /// JSON merge patch of `status`, fenced by `resourceVersion`: the API server answers 409 when
     /// the object changed after we read it, so a stale decision is never written.
     pub async fn merge_status_fenced<K>(
@@ -182,7 +161,7 @@ impl Writer {
         status: &impl Serialize,
     ) -> Result<K, WriteError>
     where
-        K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug,
+        K: Resource + DeserializeOwned + Clone + Debug,
     {
         self.check()?;
         let body = json!({ "metadata": { "resourceVersion": resource_version }, "status": status });
@@ -244,74 +223,31 @@ impl Writer {
         Ok(api.create(&pp, obj).await?)
     }
 
-    /// Deletes; an object that is already gone is not an error.
-    pub async fn delete<K>(&self, api: &Api<K>, name: &str) -> Result<(), WriteError>
+    /// Deletes the object `name`, only if its uid is `uid` (when given), so a decision taken on
+    /// a stale copy never deletes its successor. `Ok(false)` when that object is already gone.
+    pub async fn delete<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<bool, WriteError>
     where
         K: Resource + DeserializeOwned + Clone + Debug,
     {
         self.check()?;
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        let dp = DeleteParams {
+            preconditions: uid.map(|u| Preconditions {
+                uid: Some(u.to_string()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            // The uid precondition failed: the object of that name is another one.
+            Err(kube::Error::Api(s)) if s.code == 409 && uid.is_some() => Ok(false),
             Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Adds a finalizer with a JSON Patch fenced on resourceVersion (409 on a race).
-    pub async fn add_finalizer<K>(
-        &self,
-        api: &Api<K>,
-        obj: &K,
-        finalizer: &str,
-    ) -> Result<K, WriteError>
-    where
-        K: Resource + DeserializeOwned + Clone + Debug,
-    {
-        self.check()?;
-        let patch = if obj.meta().finalizers.is_none() {
-            json!([
-                { "op": "test", "path": "/metadata/resourceVersion", "value": obj.resource_version() },
-                { "op": "add", "path": "/metadata/finalizers", "value": [finalizer] }
-            ])
-        } else {
-            json!([
-                { "op": "test", "path": "/metadata/resourceVersion", "value": obj.resource_version() },
-                { "op": "add", "path": "/metadata/finalizers/-", "value": finalizer }
-            ])
-        };
-        let patch: json_patch::Patch =
-            serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
-        self.patch(api, &obj.name_any(), &Patch::<()>::Json(patch))
-            .await
-    }
-
-    /// Removes one finalizer, fenced by a `test` on its position so a concurrent change wins.
-    pub async fn remove_finalizer<K>(
-        &self,
-        api: &Api<K>,
-        obj: &K,
-        finalizer: &str,
-    ) -> Result<Option<K>, WriteError>
-    where
-        K: Resource + DeserializeOwned + Clone + Debug,
-    {
-        let Some(idx) = obj.finalizers().iter().position(|f| f == finalizer) else {
-            return Ok(None);
-        };
-        self.check()?;
-        let patch = json!([
-            { "op": "test", "path": format!("/metadata/finalizers/{idx}"), "value": finalizer },
-            { "op": "remove", "path": format!("/metadata/finalizers/{idx}") }
-        ]);
-        let patch: json_patch::Patch =
-            serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
-        match self
-            .patch(api, &obj.name_any(), &Patch::<()>::Json(patch))
-            .await
-        {
-            Ok(o) => Ok(Some(o)),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
         }
     }
 

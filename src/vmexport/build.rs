@@ -207,37 +207,6 @@ pub fn condition(type_: &str, status: bool, reason: &str, message: impl Into<Str
     }
 }
 
-/// Upserts `new` by type. An existing condition is replaced only when status, reason or message
-/// change, and only then does `lastTransitionTime` move. Returns whether anything changed.
-pub fn set_condition(conds: &mut Vec<Condition>, mut new: Condition, now: &Time) -> bool {
-    new.last_probe_time = None;
-    if let Some(existing) = conds.iter_mut().find(|c| c.type_ == new.type_) {
-        let same = existing.status == new.status
-            && existing.reason.as_deref().unwrap_or("") == new.reason.as_deref().unwrap_or("")
-            && existing.message.as_deref().unwrap_or("") == new.message.as_deref().unwrap_or("");
-        if same {
-            return false;
-        }
-        new.last_transition_time = Some(now.clone());
-        *existing = new;
-        return true;
-    }
-    new.last_transition_time = Some(now.clone());
-    // Ready first (UPSTREAM order).
-    if new.type_ == COND_READY {
-        conds.insert(0, new);
-    } else {
-        conds.push(new);
-    }
-    true
-}
-
-pub fn remove_condition(conds: &mut Vec<Condition>, type_: &str) -> bool {
-    let before = conds.len();
-    conds.retain(|c| c.type_ != type_);
-    before != conds.len()
-}
-
 // ---- PVCs (§9.3, §9.4) ----
 
 pub fn is_block(pvc: &PersistentVolumeClaim) -> bool {
@@ -1032,7 +1001,7 @@ pub fn deadline(
 /// The initial status of a new export (§6.2 step 2).
 pub fn initial_status(ttl_expiry: jiff::Timestamp, now: &Time) -> VirtualMachineExportStatus {
     let mut conds = Vec::new();
-    set_condition(
+    crate::conditions::set_kubevirt_condition(
         &mut conds,
         condition(COND_READY, false, REASON_INITIALIZING, ""),
         now,

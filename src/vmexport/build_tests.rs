@@ -1,4 +1,5 @@
 use super::*;
+use crate::conditions::{remove_kubevirt, set_kubevirt_condition};
 use crate::vmexport::types::TypedLocalObjectReference;
 use k8s_openapi::api::core::v1::{
     ContainerStatus, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PodStatus,
@@ -179,33 +180,33 @@ fn condition_transition_time_moves_only_on_change() {
     let t0 = now();
     let t1 = Time("2026-01-01T00:05:00Z".parse().unwrap());
     let mut conds = Vec::new();
-    assert!(set_condition(
+    assert!(set_kubevirt_condition(
         &mut conds,
         condition(COND_PVC_READY, false, REASON_PVC_PENDING, ""),
         &t0
     ));
-    assert!(set_condition(
+    assert!(set_kubevirt_condition(
         &mut conds,
         condition(COND_READY, false, REASON_INITIALIZING, ""),
         &t0
     ));
     assert_eq!(conds[0].type_, COND_READY, "Ready comes first");
     // same content: no change, time kept
-    assert!(!set_condition(
+    assert!(!set_kubevirt_condition(
         &mut conds,
         condition(COND_READY, false, REASON_INITIALIZING, ""),
         &t1
     ));
     assert_eq!(conds[0].last_transition_time, Some(t0.clone()));
     // message change alone moves the time (KubeVirt mode)
-    assert!(set_condition(
+    assert!(set_kubevirt_condition(
         &mut conds,
         condition(COND_READY, false, REASON_INITIALIZING, "m"),
         &t1
     ));
     assert_eq!(conds[0].last_transition_time, Some(t1.clone()));
     assert!(conds.iter().all(|c| c.last_probe_time.is_none()));
-    assert!(remove_condition(&mut conds, COND_PVC_READY));
+    assert!(remove_kubevirt(&mut conds, COND_PVC_READY));
     assert_eq!(conds.len(), 1);
 }
 

@@ -1,17 +1,20 @@
 //! Children of an export (vmexport.md §7): Service, token Secret, serving certificate and the
-//! manifest ConfigMap. Each is created when missing and never overwritten needlessly.
+//! manifest ConfigMap. Each is created when missing and never overwritten needlessly. The plan
+//! decides from the caches which ones are missing; a create that answers AlreadyExists (a cache
+//! behind, or an object of someone else's without our label) reads that one object to decide.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::ObjectMeta;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
 use super::build::*;
 use super::certs::{self, Pem};
+use super::context::{Context, Created, is_already_exists, object_ref};
 use super::naming;
-use super::reconcile::{Context, is_already_exists, object_ref};
 use super::sources::source_vm;
 use super::types::{Condition, VirtualMachineExport};
 
@@ -22,6 +25,7 @@ pub(super) const REASON_POD_CONFLICT: &str = "PodConflict";
 /// Why a child could not be made: `ObjectCreationFailed` (an API error), or a conflict: an
 /// object of the child's name exists that this export does not control. ucm never writes such
 /// an object (it may belong to someone else) and reports it until it is gone (issue 21).
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct Failed {
     pub reason: &'static str,
     pub message: String,
@@ -41,18 +45,16 @@ impl Failed {
         condition(COND_READY, false, self.reason, self.message)
     }
 
-    pub fn is_conflict(reason: &str) -> bool {
-        [
-            REASON_SECRET_CONFLICT,
-            REASON_CONFIGMAP_CONFLICT,
-            REASON_POD_CONFLICT,
-        ]
-        .contains(&reason)
-    }
+    /// The reasons of a conflict (told once, issue 21).
+    pub const CONFLICTS: [&'static str; 3] = [
+        REASON_SECRET_CONFLICT,
+        REASON_CONFIGMAP_CONFLICT,
+        REASON_POD_CONFLICT,
+    ];
 }
 
 /// Whether `meta` carries this export's controller reference (its uid).
-pub(super) fn controlled_by(meta: &kube::api::ObjectMeta, export: &VirtualMachineExport) -> bool {
+pub(super) fn controlled_by(meta: &ObjectMeta, export: &VirtualMachineExport) -> bool {
     let uid = export.uid().unwrap_or_default();
     meta.owner_references
         .iter()
@@ -64,7 +66,7 @@ pub(super) fn controlled_by(meta: &kube::api::ObjectMeta, export: &VirtualMachin
 pub(super) fn conflict(
     reason: &'static str,
     kind: &str,
-    meta: &kube::api::ObjectMeta,
+    meta: &ObjectMeta,
     export: &VirtualMachineExport,
     advice: &str,
 ) -> Option<Failed> {
@@ -87,7 +89,7 @@ pub(super) async fn ensure_manifest(
     volumes: &[ExportVolume],
 ) -> Result<bool, Failed> {
     let ns = export.namespace().unwrap_or_default();
-    let Some(mut vm) = source_vm(ctx, export, kind) else {
+    let Some(mut vm) = source_vm(&ctx.stores, export, kind) else {
         return Ok(false);
     };
     if needs_expansion(&vm) {
@@ -101,7 +103,7 @@ pub(super) async fn ensure_manifest(
     }
     let mut claims = BTreeMap::new();
     for v in volumes {
-        if let Some(p) = ctx.pvcs.get(&ObjectRef::new(&v.pvc).within(&ns))
+        if let Some(p) = ctx.stores.pvcs.get(&ObjectRef::new(&v.pvc).within(&ns))
             && let Some(spec) = &p.spec
         {
             let claim = match kind {
@@ -115,7 +117,10 @@ pub(super) async fn ensure_manifest(
             claims.insert(claim, spec.clone());
         }
     }
-    let ca = ctx.ca().await.map_err(|e| e.to_string())?;
+    let ca = ctx
+        .ca()
+        .await
+        .map_err(|e| crate::runtime::controller::error_chain(&e))?;
     let external = ctx.external().await;
     let input = ManifestInput {
         export,
@@ -134,7 +139,7 @@ pub(super) async fn ensure_manifest(
             return Ok(false);
         }
     };
-    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client(), &ns);
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
     let name = desired.name_any();
     let existing = api
         .get_opt(&name)
@@ -194,7 +199,7 @@ async fn expand_vm(
     vm: &serde_json::Value,
 ) -> Result<serde_json::Value, String> {
     let req = expand_request(ns, kind, vm_name, vm)?;
-    match ctx.client().request::<serde_json::Value>(req).await {
+    match ctx.client.request::<serde_json::Value>(req).await {
         Ok(v) if v["spec"].is_object() => Ok(v),
         Ok(_) => Err(format!(
             "{EXPAND_API} expand-spec returned no VirtualMachine spec; the all manifest is not offered"
@@ -209,138 +214,160 @@ async fn expand_vm(
     }
 }
 
-pub(super) async fn ensure_service(
+/// Creates the Service the cache does not show.
+pub(super) async fn create_service(
     ctx: &Context,
     export: &VirtualMachineExport,
-    api: &Api<Service>,
+    svc: &Service,
 ) -> Result<(), String> {
-    let svc = build_service(export);
+    let ns = export.namespace().unwrap_or_default();
     let name = svc.name_any();
-    match api.get_opt(&name).await {
-        Ok(Some(existing)) => match service_conflict(&existing, export) {
-            None => Ok(()),
-            Some(msg) => Err(msg),
-        },
-        Ok(None) => match ctx.writer.create(api, &svc).await {
-            Ok(_) => {
-                ctx.writer
-                    .event(
-                        &object_ref(export),
-                        EventType::Normal,
-                        "ServiceCreated",
-                        "Create",
-                        format!(
-                            "Created service {}/{name}",
-                            export.namespace().unwrap_or_default()
-                        ),
-                    )
-                    .await;
-                Ok(())
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    match ctx.writer.create(&api, svc).await {
+        Ok(created) => {
+            ctx.recent.remember(
+                "Service",
+                &ns,
+                &name,
+                Created::Meta(Box::new(created.metadata)),
+            );
+            ctx.writer
+                .event(
+                    &object_ref(export),
+                    EventType::Normal,
+                    "ServiceCreated",
+                    "Create",
+                    format!("Created service {ns}/{name}"),
+                )
+                .await;
+            Ok(())
+        }
+        // Made meanwhile, or someone else's the cache does not show (unlabelled): whose?
+        Err(e) if is_already_exists(&e) => match api.get_metadata_opt(&name).await {
+            Ok(Some(m)) => {
+                let existing = Service {
+                    metadata: m.metadata,
+                    ..Default::default()
+                };
+                match service_conflict(&existing, export) {
+                    Some(msg) => Err(msg),
+                    None => Ok(()),
+                }
             }
-            Err(e) if is_already_exists(&e) => Ok(()),
-            Err(e) => Err(format!("Service {name}: {e}")),
+            _ => Err(format!("Service {name}: {e}")),
         },
         Err(e) => Err(format!("Service {name}: {e}")),
     }
 }
 
-/// Creates the token Secret if missing; a deleted one is recreated with a new token (§7.3).
-pub(super) async fn ensure_token(
+/// Whether this export may use the Secret `meta` describes.
+fn secret_ours(
+    meta: &ObjectMeta,
+    export: &VirtualMachineExport,
+    advice: &str,
+) -> Result<(), Failed> {
+    match conflict(REASON_SECRET_CONFLICT, "Secret", meta, export, advice) {
+        Some(f) => Err(f),
+        None => Ok(()),
+    }
+}
+
+pub(super) const TOKEN_ADVICE: &str =
+    "Delete or rename it, or name a Secret of yours in spec.tokenSecretRef";
+pub(super) const CERT_ADVICE: &str = "Delete or rename it, or rename this export";
+
+/// Creates the token Secret the cache does not show; a deleted one is recreated with a new
+/// token (§7.3).
+pub(super) async fn create_token(
     ctx: &Context,
     export: &VirtualMachineExport,
     name: &str,
 ) -> Result<(), Failed> {
-    let api: Api<Secret> = Api::namespaced(ctx.client(), &export.namespace().unwrap_or_default());
-    // An existing Secret is used only when this export controls it.
-    let ours = |s: &Secret| match conflict(
-        REASON_SECRET_CONFLICT,
-        "Secret",
-        &s.metadata,
-        export,
-        "Delete or rename it, or name a Secret of yours in spec.tokenSecretRef",
-    ) {
-        Some(f) => Err(f),
-        None => Ok(()),
-    };
-    match api.get_opt(name).await {
-        Ok(Some(s)) => ours(&s),
-        Ok(None) => {
-            let s = build_token_secret(export, name, &generate_token(TOKEN_LENGTH));
-            match ctx.writer.create(&api, &s).await {
-                Ok(_) => {
-                    ctx.writer
-                        .event(
-                            &object_ref(export),
-                            EventType::Normal,
-                            "SecretCreated",
-                            "Create",
-                            format!(
-                                "Created default secret {}/{name}",
-                                export.namespace().unwrap_or_default()
-                            ),
-                        )
-                        .await;
-                    Ok(())
-                }
-                // Created meanwhile (another leader, or someone else): whose is it?
-                Err(e) if is_already_exists(&e) => match api.get_opt(name).await {
-                    Ok(Some(s)) => ours(&s),
-                    _ => Err(format!("Secret {name}: {e}").into()),
-                },
-                Err(e) => Err(format!("Secret {name}: {e}").into()),
-            }
+    let ns = export.namespace().unwrap_or_default();
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let s = build_token_secret(export, name, &generate_token(TOKEN_LENGTH));
+    match ctx.writer.create(&api, &s).await {
+        Ok(created) => {
+            ctx.recent.remember(
+                "Secret",
+                &ns,
+                name,
+                Created::Meta(Box::new(created.metadata)),
+            );
+            ctx.writer
+                .event(
+                    &object_ref(export),
+                    EventType::Normal,
+                    "SecretCreated",
+                    "Create",
+                    format!("Created default secret {ns}/{name}"),
+                )
+                .await;
+            Ok(())
         }
-        Err(e) => Err(format!("Secret {name}: {e}").into()),
-    }
-}
-
-/// Issues the serving certificate only if its Secret is missing (a pod is running).
-pub(super) async fn ensure_cert_present(
-    ctx: &Context,
-    export: &VirtualMachineExport,
-    ca: &Pem,
-) -> Result<(), Failed> {
-    let name = naming::cert_secret_name(&export.name_any());
-    let api: Api<Secret> = Api::namespaced(ctx.client(), &export.namespace().unwrap_or_default());
-    match api.get_opt(&name).await {
-        Ok(Some(s)) => match cert_conflict(&s, export) {
-            Some(f) => Err(f),
-            None => Ok(()),
+        // Created meanwhile (another leader, or someone else, possibly unlabelled so the cache
+        // never shows it): whose is it? Its metadata is all this reads.
+        Err(e) if is_already_exists(&e) => match api.get_metadata_opt(name).await {
+            Ok(Some(s)) => secret_ours(&s.metadata, export, TOKEN_ADVICE),
+            _ => Err(format!("Secret {name}: {e}").into()),
         },
-        Ok(None) => ensure_cert(ctx, export, ca).await.map(|_| ()),
         Err(e) => Err(format!("Secret {name}: {e}").into()),
     }
 }
 
-fn cert_conflict(s: &Secret, export: &VirtualMachineExport) -> Option<Failed> {
-    conflict(
-        REASON_SECRET_CONFLICT,
-        "Secret",
-        &s.metadata,
-        export,
-        "Delete or rename it, or rename this export",
-    )
-}
-
-/// Ensures a valid serving certificate; returns its notAfter (§7.4.3).
+/// Ensures a valid serving certificate before a pod is made; returns its notAfter (§7.4.3).
+/// The one Secret read with its data: whether it must be reissued, and the pod's deadline,
+/// depend on the certificate in it. It is read only when a pod is about to be created and the
+/// cache shows the Secret.
 pub(super) async fn ensure_cert(
     ctx: &Context,
     export: &VirtualMachineExport,
     ca: &Pem,
+    cached: Option<&ObjectMeta>,
+) -> Result<jiff::Timestamp, Failed> {
+    let ns = export.namespace().unwrap_or_default();
+    let name = naming::cert_secret_name(&export.name_any());
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let now = jiff::Timestamp::now();
+    if let Some(m) = cached {
+        secret_ours(m, export, CERT_ADVICE)?;
+        return current_or_reissue(ctx, export, ca, &api, now).await;
+    }
+    // Created, not applied: a Secret of that name the cache does not show yet (someone else's)
+    // is never overwritten.
+    let (secret, not_after) = cert_secret(ctx, export, ca, now)?;
+    match ctx.writer.create(&api, &secret).await {
+        Ok(created) => {
+            ctx.recent.remember(
+                "Secret",
+                &ns,
+                &name,
+                Created::Meta(Box::new(created.metadata)),
+            );
+            Ok(not_after)
+        }
+        Err(e) if is_already_exists(&e) => current_or_reissue(ctx, export, ca, &api, now).await,
+        Err(e) => Err(format!("Secret {name}: {e}").into()),
+    }
+}
+
+/// The existing certificate's notAfter if it is still good, else a new one applied in place.
+async fn current_or_reissue(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    ca: &Pem,
+    api: &Api<Secret>,
+    now: jiff::Timestamp,
 ) -> Result<jiff::Timestamp, Failed> {
     let ns = export.namespace().unwrap_or_default();
     let svc = naming::service_name(&export.name_any());
     let name = naming::cert_secret_name(&export.name_any());
-    let api: Api<Secret> = Api::namespaced(ctx.client(), &ns);
-    let now = jiff::Timestamp::now();
     let existing = api
         .get_opt(&name)
         .await
         .map_err(|e| format!("Secret {name}: {e}"))?;
-    if let Some(f) = existing.as_ref().and_then(|s| cert_conflict(s, export)) {
-        return Err(f);
-    }
     if let Some(s) = &existing {
+        secret_ours(&s.metadata, export, CERT_ADVICE)?;
         let crt = s
             .data
             .as_ref()
@@ -353,13 +380,32 @@ pub(super) async fn ensure_cert(
             return Ok(info.not_after);
         }
     }
+    let (secret, not_after) = cert_secret(ctx, export, ca, now)?;
+    // Reissued in place: apply replaces the data of our own Secret.
+    ctx.writer
+        .apply(api, &secret)
+        .await
+        .map_err(|e| format!("Secret {name}: {e}"))?;
+    Ok(not_after)
+}
+
+/// A new serving certificate Secret and its notAfter.
+fn cert_secret(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    ca: &Pem,
+    now: jiff::Timestamp,
+) -> Result<(Secret, jiff::Timestamp), Failed> {
+    let ns = export.namespace().unwrap_or_default();
+    let svc = naming::service_name(&export.name_any());
+    let name = naming::cert_secret_name(&export.name_any());
     let pem = certs::issue_serving(ca, &svc, &ns, now, ctx.cfg.pod.cert_duration)
         .map_err(|e| format!("Secret {name}: {e}"))?;
     let not_after = certs::inspect(&pem.cert, &ca.cert)
         .map_err(|e| format!("Secret {name}: {e}"))?
         .not_after;
     let secret = Secret {
-        metadata: kube::api::ObjectMeta {
+        metadata: ObjectMeta {
             name: Some(name.clone()),
             namespace: Some(ns.clone()),
             labels: Some(BTreeMap::from([(
@@ -386,10 +432,5 @@ pub(super) async fn ensure_cert(
         ])),
         ..Default::default()
     };
-    // Reissued in place: apply replaces the data of our own Secret.
-    ctx.writer
-        .apply(&api, &secret)
-        .await
-        .map_err(|e| format!("Secret {name}: {e}"))?;
-    Ok(not_after)
+    Ok((secret, not_after))
 }

@@ -5,8 +5,10 @@ pub mod agent;
 pub mod build;
 pub mod certs;
 pub mod children;
+pub mod context;
 pub mod naming;
 pub mod optional;
+pub mod plan;
 pub mod podcache;
 pub mod proxy;
 pub mod reconcile;
@@ -23,6 +25,7 @@ use k8s_openapi::{
 };
 use kube::CustomResourceExt;
 
+use crate::runtime::rbac::rule;
 use crate::runtime::{Feature, Runtime};
 
 pub use types::{VirtualMachineExport, VirtualMachineExportSpec, VirtualMachineExportStatus};
@@ -161,16 +164,6 @@ impl Settings {
             cert_duration: self.cert_duration,
             cert_renew_before: renew,
         })
-    }
-}
-
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    let v = |xs: &[&str]| Some(xs.iter().map(|s| s.to_string()).collect());
-    PolicyRule {
-        api_groups: v(groups),
-        resources: v(resources),
-        verbs: verbs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
     }
 }
 

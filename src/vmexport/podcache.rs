@@ -1,14 +1,16 @@
 //! The Pod cache of the in-use check (vmexport.md §4.2): every Pod in the watched namespaces is
 //! cached with only what the check and the event mapper read (identity, owner references,
 //! deletion mark, its PVC volumes and `status.phase`), and indexed by namespace and claim name.
-//! The export Pod itself is always read with a full GET.
+//! An export Pod (controlled by a VirtualMachineExport) also keeps what the reconciler reads of
+//! it, so a pass reads it from this cache too: its annotations, its first container's
+//! environment (the links) and its containers' readiness.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::{
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodStatus, Volume,
+    Container, ContainerStatus, PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodStatus, Volume,
 };
 use kube::api::ObjectMeta;
 use kube::runtime::watcher;
@@ -18,11 +20,37 @@ use kube::runtime::watcher;
 /// metadata.
 pub fn slim_pod(pod: &mut Pod) {
     let m = std::mem::take(&mut pod.metadata);
+    let export_pod = is_export_pod(&m);
+    let env = export_pod
+        .then(|| {
+            pod.spec
+                .as_mut()
+                .and_then(|s| s.containers.first_mut())
+                .and_then(|c| c.env.take())
+        })
+        .flatten();
+    let ready = export_pod
+        .then(|| {
+            pod.status
+                .as_mut()
+                .and_then(|s| s.container_statuses.take())
+        })
+        .flatten()
+        .map(|cs| {
+            cs.into_iter()
+                .map(|c| ContainerStatus {
+                    name: c.name,
+                    ready: c.ready,
+                    ..Default::default()
+                })
+                .collect::<Vec<_>>()
+        });
     pod.metadata = ObjectMeta {
         name: m.name,
         namespace: m.namespace,
         uid: m.uid,
         resource_version: m.resource_version,
+        annotations: if export_pod { m.annotations } else { None },
         owner_references: m.owner_references,
         deletion_timestamp: m.deletion_timestamp,
         ..Default::default()
@@ -46,15 +74,33 @@ pub fn slim_pod(pod: &mut Pod) {
         })
         .collect();
     pod.spec = Some(PodSpec {
-        containers: Vec::new(),
+        containers: env
+            .map(|env| {
+                vec![Container {
+                    env: Some(env),
+                    ..Default::default()
+                }]
+            })
+            .unwrap_or_default(),
         volumes: (!volumes.is_empty()).then_some(volumes),
         ..Default::default()
     });
     let phase = pod.status.take().and_then(|s| s.phase);
     pod.status = phase.map(|p| PodStatus {
         phase: Some(p),
+        container_statuses: ready,
         ..Default::default()
     });
+}
+
+/// A Pod controlled by a VirtualMachineExport (the export Pods ucm makes).
+fn is_export_pod(m: &ObjectMeta) -> bool {
+    m.owner_references.iter().flatten().any(|o| {
+        o.controller == Some(true)
+            && o.kind == super::build::KIND
+            && o.api_version
+                .starts_with(&format!("{}/", super::build::GROUP))
+    })
 }
 
 type Key = (String, String);
@@ -189,6 +235,10 @@ mod tests {
     use serde_json::json;
 
     fn pod(ns: &str, name: &str, claims: &[&str]) -> Pod {
+        owned_pod(ns, name, claims, "apps/v1", "ReplicaSet")
+    }
+
+    fn owned_pod(ns: &str, name: &str, claims: &[&str], api_version: &str, kind: &str) -> Pod {
         let mut vols: Vec<_> = claims
             .iter()
             .enumerate()
@@ -199,7 +249,7 @@ mod tests {
             "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"),
                 "labels": {"app": "x"}, "annotations": {"big": "x".repeat(1000)},
                 "managedFields": [{"manager": "kubectl"}],
-                "ownerReferences": [{"apiVersion": "export.kubevirt.io/v1beta1", "kind": "VirtualMachineExport", "name": "e", "uid": "u1", "controller": true}]},
+                "ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "e", "uid": "u1", "controller": true}]},
             "spec": {"containers": [{"name": "c", "image": "busybox", "env": [{"name": "A", "value": "b"}]}],
                 "volumes": vols},
             "status": {"phase": "Running", "podIP": "10.0.0.9", "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "b", "imageID": ""}]},
@@ -217,7 +267,7 @@ mod tests {
             json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p",
-                    "ownerReferences": [{"apiVersion": "export.kubevirt.io/v1beta1", "kind": "VirtualMachineExport", "name": "e", "uid": "u1", "controller": true}]},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "e", "uid": "u1", "controller": true}]},
                 "spec": {"containers": [], "volumes": [{"name": "v0", "persistentVolumeClaim": {"claimName": "d"}}]},
                 "status": {"phase": "Running"},
             })
@@ -232,6 +282,36 @@ mod tests {
         let mut none = pod("ns", "q", &[]);
         slim_pod(&mut none);
         assert!(none.spec.unwrap().volumes.is_none());
+    }
+
+    /// An export Pod keeps what the reconciler reads (its state, cert-parameter annotation and
+    /// the environment the links come from), so no pass reads it with a GET.
+    #[test]
+    fn slim_export_pod_keeps_what_the_status_reads() {
+        use crate::vmexport::build::{PodState, pod_state};
+        let full = owned_pod(
+            "ns",
+            "virt-export-e",
+            &["d"],
+            "export.kubevirt.io/v1",
+            "VirtualMachineExport",
+        );
+        let mut slim = full.clone();
+        slim_pod(&mut slim);
+        let v = serde_json::to_value(&slim).unwrap();
+        assert_eq!(v["metadata"]["annotations"]["big"], "x".repeat(1000));
+        assert!(v["metadata"].get("labels").is_none());
+        assert!(v["metadata"].get("managedFields").is_none());
+        assert_eq!(
+            v["spec"]["containers"],
+            json!([{"name": "", "env": [{"name": "A", "value": "b"}]}])
+        );
+        assert_eq!(
+            v["status"],
+            json!({"phase": "Running", "containerStatuses": [{"name": "c", "ready": true, "image": "", "imageID": "", "restartCount": 0}]})
+        );
+        assert_eq!(pod_state(&slim), PodState::Ready);
+        assert_eq!(pod_state(&full), pod_state(&slim));
     }
 
     #[test]

@@ -450,7 +450,7 @@ pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         let addr: SocketAddr =
             parse_addr(&args.metrics_bind_address).map_err(anyhow::Error::msg)?;
         let l = bind_listener(addr)?;
-        tokio::spawn(super::server::serve_metrics(l, registry.clone()));
+        super::server::spawn_metrics(l, registry.clone());
     }
     let client = crate::runtime::manager::client(args.kubeconfig.as_deref()).await?;
     let ca = read_ca(&client, &args.namespace, &args.export_ca_secret).await;

@@ -1,205 +1,45 @@
-//! IO side of the VirtualMachineExport reconciler (vmexport.md §6): read the source and the
-//! children, create what is missing, write the status once at the end of every pass (also when
-//! a create failed, #19020), and requeue exactly at the TTL expiry.
+//! IO side of the VirtualMachineExport reconciler (vmexport.md §6): observe the export's
+//! source and children in the caches, `plan` (plan.rs, pure) and apply the plan: create what is
+//! missing, delete what must go, write the status once at the end of every pass (also when a
+//! create failed, #19020), and requeue exactly at the TTL expiry.
+//!
+//! A pass on an unchanged export sends no request: the Service, the Secrets (metadata), the
+//! Pod and the source all come from the watches that trigger passes. Reads that remain: the
+//! serving certificate's Secret before a pod is made (its certificate decides the reissue and
+//! the pod's deadline), the manifest ConfigMap of VM and snapshot sources, the CA once per
+//! process, and the proxy Ingress's TLS Secret for external links.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::Ingress;
-use kube::api::{DeleteParams, Preconditions};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use prometheus::{IntCounter, IntGaugeVec, Opts};
 
 use super::build::*;
-use super::certs::{self, Pem};
-use super::children::{
-    Failed, REASON_POD_CONFLICT, conflict, ensure_cert, ensure_cert_present, ensure_manifest,
-    ensure_service, ensure_token,
-};
+use super::children::{create_service, create_token, ensure_cert, ensure_manifest};
+pub use super::context::{Config, Context, Error, Stores};
+use super::context::{Created, is_already_exists, object_ref};
 use super::naming;
 use super::optional::{self, Kind, Optional};
+use super::plan::{
+    CertStep, Observed, Plan, PlannedEvent, PodStep, TokenStep, failure_event, plan,
+};
 use super::podcache::{ClaimIndex, slim_pod};
 use super::sources::*;
 use super::types::{Condition, VirtualMachineExport, VirtualMachineExportStatus};
 use crate::runtime::controller::{self as rtc, Guarded};
-use crate::runtime::{ReconcileError, Runtime, Trigger, WriteError, Writer};
+use crate::runtime::{Runtime, Trigger};
 
 pub const CONTROLLER: &str = "vmexport";
 /// OURS: the error backoff cap is lower than the runtime default (§6.1).
 const BACKOFF_CAP: Duration = Duration::from_secs(60);
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{0}")]
-    Write(#[from] WriteError),
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("export CA: {0}")]
-    Ca(String),
-}
-
-impl ReconcileError for Error {
-    fn metric_label(&self) -> &'static str {
-        match self {
-            Error::Write(e) => e.metric_label(),
-            Error::Kube(_) => "kube",
-            Error::Ca(_) => "ca",
-        }
-    }
-    fn own_metric_labels() -> &'static [&'static str] {
-        &["ca"]
-    }
-    fn is_conflict(&self) -> bool {
-        match self {
-            Error::Write(e) => e.is_conflict(),
-            Error::Kube(kube::Error::Api(s)) => s.code == 409,
-            _ => false,
-        }
-    }
-}
-
-/// Settings resolved at start (§5).
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub pod: PodSettings,
-    pub ca_secret: String,
-    pub manager_namespace: String,
-    pub external_host: Option<String>,
-    pub external_ca: String,
-}
-
-pub struct Context {
-    pub writer: Writer,
-    pub cfg: Config,
-    /// Slim Pods (podcache.rs) and their claim index.
-    pub pods: Store<Pod>,
-    pub claims: Arc<ClaimIndex>,
-    pub pvcs: Store<PersistentVolumeClaim>,
-    /// Ingresses in the manager's namespace: the one routing to `ucm export-proxy` gives the
-    /// external host when `--export-external-host` is not set.
-    pub ingresses: Store<Ingress>,
-    pub optional: Arc<Optional>,
-    ca: tokio::sync::Mutex<Option<Pem>>,
-    pub ttl_deletions: IntCounter,
-    failures: Mutex<BTreeMap<String, u32>>,
-}
-
-pub(super) fn is_already_exists(e: &WriteError) -> bool {
-    matches!(e, WriteError::Kube(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists")
-}
-
-pub(super) fn object_ref(e: &VirtualMachineExport) -> ObjectReference {
-    e.object_ref(&())
-}
-
-impl Context {
-    pub(super) fn client(&self) -> kube::Client {
-        self.writer.client().clone()
-    }
-
-    /// The external host and the CA users should trust: `--export-external-host` with
-    /// `--export-external-ca-file`, else the host of the Ingress that routes to the export proxy
-    /// with the CA of its TLS Secret ("" without TLS), as KubeVirt finds its proxy's Ingress.
-    pub(super) async fn external(&self) -> Option<(String, String)> {
-        if let Some(h) = &self.cfg.external_host {
-            return Some((h.clone(), self.cfg.external_ca.clone()));
-        }
-        let ings = self.ingresses.state();
-        let (host, secret) =
-            external_from_ingresses(ings.iter().map(|i| i.as_ref()), super::proxy::SERVICE)?;
-        let cert = match secret {
-            Some(name) => {
-                let api: Api<Secret> = Api::namespaced(self.client(), &self.cfg.manager_namespace);
-                match api.get_opt(&name).await {
-                    Ok(Some(s)) => ingress_ca(&s),
-                    Ok(None) => String::new(),
-                    Err(e) => {
-                        tracing::warn!(secret = %name, error = %e, "cannot read the proxy Ingress's TLS Secret");
-                        String::new()
-                    }
-                }
-            }
-            None => String::new(),
-        };
-        Some((host, cert))
-    }
-
-    /// The CA: read; on NotFound create; on AlreadyExists (another leader won) read again.
-    /// An existing CA is never overwritten (§7.4.1).
-    pub(super) async fn ca(&self) -> Result<Pem, Error> {
-        let mut guard = self.ca.lock().await;
-        if let Some(p) = guard.as_ref() {
-            return Ok(p.clone());
-        }
-        let api: Api<Secret> = Api::namespaced(self.client(), &self.cfg.manager_namespace);
-        let read = |s: &Secret| -> Result<Pem, Error> {
-            let d = s.data.clone().unwrap_or_default();
-            let get = |k: &str| {
-                d.get(k)
-                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-                    .ok_or_else(|| Error::Ca(format!("Secret {} has no {k}", self.cfg.ca_secret)))
-            };
-            Ok(Pem {
-                cert: get("tls.crt")?,
-                key: get("tls.key")?,
-            })
-        };
-        let pem = match api.get_opt(&self.cfg.ca_secret).await? {
-            Some(s) => read(&s)?,
-            None => {
-                let ca =
-                    certs::new_ca(jiff::Timestamp::now()).map_err(|e| Error::Ca(e.to_string()))?;
-                let secret = Secret {
-                    metadata: kube::api::ObjectMeta {
-                        name: Some(self.cfg.ca_secret.clone()),
-                        namespace: Some(self.cfg.manager_namespace.clone()),
-                        ..Default::default()
-                    },
-                    type_: Some("kubernetes.io/tls".into()),
-                    data: Some(BTreeMap::from([
-                        (
-                            "tls.crt".to_string(),
-                            k8s_openapi::ByteString(ca.cert.clone().into_bytes()),
-                        ),
-                        (
-                            "tls.key".to_string(),
-                            k8s_openapi::ByteString(ca.key.clone().into_bytes()),
-                        ),
-                    ])),
-                    ..Default::default()
-                };
-                match self.writer.create(&api, &secret).await {
-                    Ok(_) => ca,
-                    Err(e) if is_already_exists(&e) => read(&api.get(&self.cfg.ca_secret).await?)?,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        };
-        // Validate once so an unusable CA is reported, not used.
-        certs::issue_serving(
-            &pem,
-            "probe",
-            "probe",
-            jiff::Timestamp::now(),
-            Duration::from_secs(60),
-        )
-        .map_err(|e| {
-            Error::Ca(format!(
-                "Secret {} does not hold a usable CA: {e}",
-                self.cfg.ca_secret
-            ))
-        })?;
-        *guard = Some(pem.clone());
-        Ok(pem)
-    }
-}
 
 fn store_ready<K: kube::runtime::reflector::Lookup + Clone + 'static>(store: &Store<K>) -> bool
 where
@@ -209,6 +49,54 @@ where
     matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
 }
 
+/// What the caches say about `export`: its source and its children. Sends no request.
+pub(super) fn observe(ctx: &Context, export: &VirtualMachineExport) -> Observed {
+    let st = &ctx.stores;
+    let ns = export.namespace().unwrap_or_default();
+    let name = export.name_any();
+    let kind = classify_source(&export.spec);
+    let (source, snapshot_vm) = match kind {
+        SourceKind::Pvc => (resolve_pvc(st, export), None),
+        SourceKind::Unsupported => (
+            unavailable(
+                PHASE_SKIPPED,
+                REASON_UNSUPPORTED_SOURCE,
+                unsupported_source_message(&export.spec),
+            ),
+            None,
+        ),
+        SourceKind::VirtualMachine => (resolve_vm(st, export), None),
+        SourceKind::VirtualMachineSnapshot => resolve_snapshot(st, export),
+    };
+    let meta = |c: Created| match c {
+        Created::Meta(m) => Some(*m),
+        Created::Pod(_) => None,
+    };
+    let secret = |n: String| {
+        let cached = st.secret(&ns, &n);
+        ctx.recent.overlay("Secret", &ns, &n, cached, meta)
+    };
+    let svc = naming::service_name(&name);
+    let pod = naming::pod_name(&name);
+    Observed {
+        export: export.clone(),
+        kind,
+        source,
+        snapshot_vm,
+        service: ctx
+            .recent
+            .overlay("Service", &ns, &svc, st.service(&ns, &svc), meta),
+        token: secret(naming::token_secret_name(&name)),
+        cert: secret(naming::cert_secret_name(&name)),
+        pod: ctx
+            .recent
+            .overlay("Pod", &ns, &pod, st.pod(&ns, &pod), |c| match c {
+                Created::Pod(p) => Some(*p),
+                Created::Meta(_) => None,
+            }),
+    }
+}
+
 pub async fn reconcile(
     export: Arc<VirtualMachineExport>,
     ctx: Arc<Context>,
@@ -216,375 +104,287 @@ pub async fn reconcile(
     if export.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    // Decisions need the pod and claim caches: before their initial list an empty cache would
-    // read as "claim not found" and pause a running export.
-    if !store_ready(&ctx.pods) || !ctx.claims.is_ready() || !store_ready(&ctx.pvcs) {
+    // Decisions need the caches: before their initial list an empty cache would read as
+    // "claim not found" and pause a running export, or as "no Service" and create one.
+    let st = &ctx.stores;
+    if !store_ready(&st.pods)
+        || !st.claims.is_ready()
+        || !store_ready(&st.pvcs)
+        || !store_ready(&st.services)
+        || !store_ready(&st.secrets)
+    {
         return Ok(Action::requeue(Duration::from_millis(200)));
     }
+    let now = jiff::Timestamp::now();
+    let mut observed = observe(&ctx, &export);
+    let mut plan = plan(&observed, &ctx.cfg, now);
+    // Restore PVCs of a snapshot source come first: the source is what they make.
+    if let Err(msg) = create_restore_pvcs(&ctx, &export, &plan.restore_pvcs).await {
+        observed.source = restore_failed(msg);
+        plan = super::plan::plan(&observed, &ctx.cfg, now);
+    }
+    apply(&ctx, &export, &observed, &plan).await
+}
+
+async fn create_restore_pvcs(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    pvcs: &[PersistentVolumeClaim],
+) -> Result<(), String> {
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &export.namespace().unwrap_or_default());
+    for pvc in pvcs {
+        match ctx.writer.create(&api, pvc).await {
+            Ok(_) => {}
+            Err(e) if is_already_exists(&e) => {}
+            Err(e) => return Err(format!("PersistentVolumeClaim {}: {e}", pvc.name_any())),
+        }
+    }
+    Ok(())
+}
+
+async fn emit(ctx: &Context, export: &VirtualMachineExport, ev: &PlannedEvent) {
+    ctx.writer
+        .event(
+            &object_ref(export),
+            ev.type_,
+            ev.reason,
+            ev.action,
+            ev.note.clone(),
+        )
+        .await;
+}
+
+/// Applies `plan`: the children in order (a failure stops what depends on it), the pod, the
+/// status, and the requeue.
+async fn apply(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    observed: &Observed,
+    plan: &Plan,
+) -> Result<Action, Error> {
     let ns = export.namespace().unwrap_or_default();
     let name = export.name_any();
-    let now_ts = jiff::Timestamp::now();
-    let now = crate::conditions::truncate(now_ts);
-    let created = export
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0)
-        .unwrap_or(now_ts);
-    let exports: Api<VirtualMachineExport> = Api::namespaced(ctx.client(), &ns);
-    let oref = object_ref(&export);
-
-    // Step 2: initialise.
-    let old_status = export.status.clone();
-    let mut status = match &old_status {
-        Some(s) if s.ttl_expiration_time.is_some() => s.clone(),
-        other => {
-            let (ttl, warn) = ttl_duration(&export.spec);
-            if let Some(w) = warn {
-                ctx.writer
-                    .event(&oref, EventType::Warning, "InvalidTTL", "Initialize", w)
-                    .await;
-            }
-            let mut s = initial_status(ttl_expiration(created, ttl), &now);
-            if let Some(o) = other {
-                s.token_secret_ref = o.token_secret_ref.clone();
-            }
-            s
-        }
-    };
-    // What this pass computes replaces whatever the status says (another writer's values
-    // included, issue 21): the TTL from the creation time, and the one token name ucm uses.
-    status.ttl_expiration_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        ttl_expiration(created, ttl_duration(&export.spec).0),
-    ));
-    if status.token_secret_ref.is_some() {
-        status.token_secret_ref = Some(
-            export
-                .spec
-                .token_secret_ref
-                .clone()
-                .unwrap_or_else(|| naming::token_secret_name(&name)),
-        );
+    for ev in &plan.events {
+        emit(ctx, export, ev).await;
     }
-    let expiry = status
-        .ttl_expiration_time
-        .as_ref()
-        .map(|t| t.0)
-        .unwrap_or(now_ts);
-
-    // Step 3: TTL, in any phase, whether or not a pod exists (§12).
-    let Some(until) = until_expiry(now_ts, expiry) else {
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: export.uid(),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        ctx.writer.check()?;
-        match exports.delete(&name, &dp).await {
-            Ok(_) => {
-                ctx.ttl_deletions.inc();
-                ctx.writer
-                    .event(
-                        &oref,
-                        EventType::Normal,
-                        "TTLExpired",
-                        "Delete",
-                        format!("VirtualMachineExport {ns}/{name} reached its TTL and was deleted"),
-                    )
-                    .await;
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
-        return Ok(Action::await_change());
-    };
-
-    let services: Api<Service> = Api::namespaced(ctx.client(), &ns);
-    let pods: Api<Pod> = Api::namespaced(ctx.client(), &ns);
-    let mut failure: Option<Condition> = None;
-
-    // Step 5: the Service, even without a source.
-    if let Err(msg) = ensure_service(&ctx, &export, &services).await {
-        failure = Some(condition(
-            COND_READY,
-            false,
-            REASON_OBJECT_CREATION_FAILED,
-            msg,
-        ));
+    if plan.expired {
+        return delete_expired(ctx, export).await;
     }
-    status.service_name = Some(naming::service_name(&name));
+    let mut failure: Option<Condition> = plan.failure.clone();
+    let fail = |msg: String| condition(COND_READY, false, REASON_OBJECT_CREATION_FAILED, msg);
 
-    // Step 4: the source.
-    let kind = classify_source(&export.spec);
-    let source = match kind {
-        SourceKind::Pvc => resolve_pvc(&ctx, &export),
-        SourceKind::Unsupported => unavailable(
-            PHASE_SKIPPED,
-            REASON_UNSUPPORTED_SOURCE,
-            unsupported_source_message(&export.spec),
-        ),
-        SourceKind::VirtualMachine => {
-            status.virtual_machine_name = Some(export.spec.source.name.clone());
-            resolve_vm(&ctx, &export)
-        }
-        SourceKind::VirtualMachineSnapshot => {
-            let (src, vm) = resolve_snapshot(&ctx, &export).await;
-            if vm.is_some() {
-                status.virtual_machine_name = vm;
-            }
-            src
-        }
-    };
-    let source = match token_secret_ref_problem(&export.spec) {
-        Some(msg) => unavailable(PHASE_SKIPPED, REASON_INVALID_TOKEN_SECRET_REF, msg),
-        None => source,
-    };
-    if let Some(t) = &export.spec.token_secret_ref {
-        status.token_secret_ref = Some(t.clone());
+    if let Some(svc) = &plan.create_service
+        && let Err(msg) = create_service(ctx, export, svc).await
+    {
+        failure = Some(fail(msg));
     }
-
-    // Step 6: token, certificate, pod.
     let pod_name = naming::pod_name(&name);
-    let mut pod = pods.get_opt(&pod_name).await?;
-    // A Pod of that name this export does not control is neither used, nor deleted, nor
-    // reported as ours.
-    if let Some(f) = pod.as_ref().and_then(|p| {
-        conflict(
-            REASON_POD_CONFLICT,
-            "Pod",
-            &p.metadata,
-            &export,
-            "Delete or rename it, or rename this export",
-        )
-    }) {
-        pod = None;
-        failure.get_or_insert_with(|| f.condition());
-    }
-    if source.available && !source.volumes.is_empty() && failure.is_none() {
-        let token_name = match &export.spec.token_secret_ref {
-            Some(t) => Some(t.clone()),
-            None => {
-                let n = naming::token_secret_name(&name);
-                status.token_secret_ref = Some(n.clone());
-                match ensure_token(&ctx, &export, &n).await {
-                    Ok(()) => Some(n),
-                    Err(f) => {
-                        failure = Some(f.condition());
-                        None
-                    }
+    let mut stale_pod = false;
+    if let (Some(token), None) = (&plan.token, &failure) {
+        let token_ok = match token {
+            TokenStep::Given(_) | TokenStep::Present(_) => true,
+            TokenStep::Create(n) => match create_token(ctx, export, n).await {
+                Ok(()) => true,
+                Err(f) => {
+                    failure = Some(f.condition());
+                    false
                 }
-            }
+            },
         };
-        // The manifest ConfigMap (VM and snapshot sources), kept up to date.
         let mut vm_manifest = false;
-        if matches!(
-            kind,
-            SourceKind::VirtualMachine | SourceKind::VirtualMachineSnapshot
-        ) {
-            match ensure_manifest(&ctx, &export, kind, &source.volumes).await {
+        if plan.manifest {
+            match ensure_manifest(ctx, export, observed.kind, &observed.source.volumes).await {
                 Ok(ok) => vm_manifest = ok,
                 Err(f) => failure = Some(f.condition()),
             }
         }
-        if let (Some(token_name), None, None) = (token_name, &pod, &failure) {
-            let ca = ctx.ca().await?;
-            match ensure_cert(&ctx, &export, &ca).await {
-                Err(f) => failure = Some(f.condition()),
-                Ok(not_after) => {
-                    let volumes = dedup_volumes(source.volumes.clone());
-                    let input = PodInput {
-                        export: &export,
-                        volumes: &volumes,
-                        token_secret: &token_name,
-                        cert_secret: &naming::cert_secret_name(&name),
-                        deadline: deadline(not_after, ctx.cfg.pod.cert_renew_before, expiry),
-                        vm_manifest,
-                    };
-                    let desired = build_pod(&input, &ctx.cfg.pod);
-                    match ctx.writer.create(&pods, &desired).await {
-                        Ok(p) => {
-                            ctx.writer
-                                .event(
-                                    &oref,
-                                    EventType::Normal,
-                                    "ExporterPodCreated",
-                                    "Create",
-                                    format!("Created exporter pod {ns}/{pod_name}"),
-                                )
-                                .await;
-                            pod = Some(p);
-                        }
-                        Err(e) => {
-                            let msg = format!("Pod {pod_name}: {e}");
-                            ctx.writer
-                                .event(
-                                    &oref,
-                                    EventType::Warning,
+        let token_name = match token {
+            TokenStep::Given(n) | TokenStep::Present(n) | TokenStep::Create(n) => n,
+        };
+        match plan.cert {
+            CertStep::Valid if token_ok && failure.is_none() => {
+                let ca = ctx.ca().await?;
+                match ensure_cert(ctx, export, &ca, observed.cert.as_ref()).await {
+                    Err(f) => failure = Some(f.condition()),
+                    Ok(not_after) => {
+                        let expiry = plan
+                            .status
+                            .ttl_expiration_time
+                            .as_ref()
+                            .map(|t| t.0)
+                            .unwrap_or_default();
+                        let volumes = dedup_volumes(observed.source.volumes.clone());
+                        let input = PodInput {
+                            export,
+                            volumes: &volumes,
+                            token_secret: token_name,
+                            cert_secret: &naming::cert_secret_name(&name),
+                            deadline: deadline(not_after, ctx.cfg.pod.cert_renew_before, expiry),
+                            vm_manifest,
+                        };
+                        match create_pod(ctx, export, &build_pod(&input, &ctx.cfg.pod)).await {
+                            Ok(true) => {}
+                            Ok(false) => stale_pod = true,
+                            Err(msg) => {
+                                failure = Some(condition(
+                                    COND_READY,
+                                    false,
                                     REASON_POD_CREATION_FAILED,
-                                    "Create",
-                                    msg.clone(),
-                                )
-                                .await;
-                            failure = Some(condition(
-                                COND_READY,
-                                false,
-                                REASON_POD_CREATION_FAILED,
-                                msg,
-                            ));
+                                    msg,
+                                ))
+                            }
                         }
                     }
                 }
             }
-        } else if pod.is_some() && failure.is_none() {
             // A running pod keeps its certificate; only a deleted Secret is issued again, so
-            // that the next pod (and the kubelet's remount) finds one.
-            let ca = ctx.ca().await?;
-            if let Err(f) = ensure_cert_present(&ctx, &export, &ca).await {
-                failure = Some(f.condition());
+            // that the next pod (and the kubelet's remount) finds one. (The plan checked that
+            // a cached one is ours.)
+            CertStep::Present if failure.is_none() && observed.cert.is_none() => {
+                let ca = ctx.ca().await?;
+                if let Err(f) = ensure_cert(ctx, export, &ca, None).await {
+                    failure = Some(f.condition());
+                }
             }
+            _ => {}
         }
     }
 
-    // Step 7: pause, completion, changed certificate parameters.
-    let mut status_pod = pod.clone();
-    if let Some(p) = &pod {
-        let state = pod_state(p);
-        let delete_reason = if !source.available {
-            Some(("ExportPaused", source.pause_message.clone()))
-        } else if matches!(
-            p.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded") | Some("Failed")
-        ) {
-            Some((
-                "ExporterPodFailedOrCompleted",
-                format!(
-                    "Exporter pod {ns}/{pod_name} is in phase {}",
-                    p.status
-                        .as_ref()
-                        .and_then(|s| s.phase.clone())
-                        .unwrap_or_default()
-                ),
-            ))
-        } else if p.annotations().get(ANN_CERT_PARAMS) != Some(&ctx.cfg.pod.cert_params()) {
-            Some((
-                "CertificateParametersChanged",
-                "Exporter TLS certificate parameters updated".to_string(),
-            ))
-        } else {
-            None
-        };
-        if let Some((reason, msg)) = delete_reason {
-            if p.metadata.deletion_timestamp.is_none() {
-                ctx.writer
-                    .event(&oref, EventType::Warning, reason, "Delete", msg)
-                    .await;
-                ctx.writer.delete(&pods, &pod_name).await?;
-            }
-            // A completed pod still shapes this pass's status (Terminated); others do not.
-            if !(reason == "ExporterPodFailedOrCompleted" && state == PodState::Succeeded) {
-                status_pod = if reason == "ExporterPodFailedOrCompleted" {
-                    Some(p.clone())
-                } else {
-                    None
-                };
-            }
-        }
+    if let PodStep::Delete { uid, .. } = &plan.pod {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        ctx.writer
+            .delete(&pods, &pod_name, Some(uid))
+            .await
+            .map_err(|e| Error::DeletePod(pod_name.clone(), e))?;
+    }
+    if stale_pod {
+        // The pod exists but the cache does not show it yet: its watch event brings the next
+        // pass; the status waits for it.
+        return Err(Error::Reported {
+            until: plan.requeue,
+        });
     }
 
     if let Some(f) = &failure
-        && let Some(reason) = f.reason.as_deref()
-        && (reason == REASON_OBJECT_CREATION_FAILED || Failed::is_conflict(reason))
+        && let Some(ev) = failure_event(export.status.as_ref(), f)
     {
-        // A conflict is told once, when the condition first says so.
-        let told = old_status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                Failed::is_conflict(reason)
-                    && cs.iter().any(|c| {
-                        c.type_ == COND_READY
-                            && c.reason.as_deref() == Some(reason)
-                            && c.message == f.message
-                    })
-            });
-        if !told {
+        emit(ctx, export, &ev).await;
+    }
+    let mut status = if failure == plan.failure {
+        plan.status.clone()
+    } else {
+        plan.status_with(failure.as_ref())
+    };
+    if let (Some(p), None) = (&plan.links_pod, &failure) {
+        status.links = Some(links(ctx, export, observed.kind, p).await?);
+    }
+    if export.status.as_ref() != Some(&status) {
+        write_status(ctx, export, &status).await?;
+    }
+    match failure {
+        // The status says what failed; the runtime's backoff retries it, by the TTL at the
+        // latest.
+        Some(_) => Err(Error::Reported {
+            until: plan.requeue,
+        }),
+        None => Ok(Action::requeue(plan.requeue)),
+    }
+}
+
+/// Creates the export pod: `Ok(false)` when one exists that the cache does not show yet.
+async fn create_pod(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    pod: &Pod,
+) -> Result<bool, String> {
+    let ns = export.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    match ctx.writer.create(&api, pod).await {
+        Ok(mut p) => {
+            slim_pod(&mut p);
+            ctx.recent
+                .remember("Pod", &ns, &name, Created::Pod(Box::new(p)));
             ctx.writer
                 .event(
-                    &oref,
-                    EventType::Warning,
-                    reason,
+                    &object_ref(export),
+                    kube::runtime::events::EventType::Normal,
+                    "ExporterPodCreated",
                     "Create",
-                    f.message.clone().unwrap_or_default(),
+                    format!("Created exporter pod {ns}/{name}"),
                 )
                 .await;
+            Ok(true)
+        }
+        Err(e) if is_already_exists(&e) => Ok(false),
+        Err(e) => {
+            let msg = format!("Pod {name}: {e}");
+            ctx.writer
+                .event(
+                    &object_ref(export),
+                    kube::runtime::events::EventType::Warning,
+                    REASON_POD_CREATION_FAILED,
+                    "Create",
+                    msg.clone(),
+                )
+                .await;
+            Err(msg)
         }
     }
+}
 
-    // Step 8: the status.
-    let mut conds = status.conditions.clone().unwrap_or_default();
-    let (phase, ready) = match (&failure, &status_pod) {
-        (Some(f), _) => (PHASE_PENDING, f.clone()),
-        (None, Some(p)) => {
-            let (ph, c) = phase_from_pod(pod_state(p), &pod_name);
-            (ph, c)
-        }
-        (None, None) => (source.phase_without_pod, source.ready.clone()),
-    };
-    set_condition(&mut conds, ready, &now);
-    match &source.extra {
-        Some(c) => {
-            set_condition(&mut conds, c.clone(), &now);
-        }
-        None => {
-            remove_condition(&mut conds, COND_PVC_READY);
-        }
-    }
-    status.conditions = Some(conds);
-    status.phase = Some(phase.to_string());
-    status.links = match (&status_pod, failure.is_none()) {
-        (Some(p), true) if pod_state(p) == PodState::Ready => {
-            let ca = ctx.ca().await?;
-            let external = ctx.external().await;
-            Some(links_from_pod(
-                p,
-                &LinkSettings {
-                    namespace: ns.clone(),
-                    export_name: name.clone(),
-                    service_name: naming::service_name(&name),
-                    internal_cert: ca.cert,
-                    external_cert: external.as_ref().map(|e| e.1.clone()).unwrap_or_default(),
-                    external_host: external.map(|e| e.0),
-                    strip_prefix: (kind == SourceKind::VirtualMachineSnapshot)
-                        .then(|| name.clone()),
-                },
-            ))
-        }
-        _ => None,
-    };
-    if old_status.as_ref() != Some(&status) {
-        write_status(&ctx, &exports, &export, &status).await?;
-    }
+/// The links of the ready pod (§11.2).
+async fn links(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    kind: SourceKind,
+    pod: &Pod,
+) -> Result<super::types::VirtualMachineExportLinks, Error> {
+    let name = export.name_any();
+    let ca = ctx.ca().await?;
+    let external = ctx.external().await;
+    Ok(links_from_pod(
+        pod,
+        &LinkSettings {
+            namespace: export.namespace().unwrap_or_default(),
+            export_name: name.clone(),
+            service_name: naming::service_name(&name),
+            internal_cert: ca.cert,
+            external_cert: external.as_ref().map(|e| e.1.clone()).unwrap_or_default(),
+            external_host: external.map(|e| e.0),
+            strip_prefix: (kind == SourceKind::VirtualMachineSnapshot).then(|| name.clone()),
+        },
+    ))
+}
 
-    // Step 9: the smallest pending requeue: TTL expiry, or the backoff after a failed create
-    // (1 s doubling to 60 s, per object; the status above already says what failed).
-    let key = format!("{ns}/{name}");
-    let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
-    let wait = if failure.is_some() {
-        let n = failures.entry(key).or_insert(0);
-        *n = n.saturating_add(1);
-        until.min(rtc::backoff(*n, BACKOFF_CAP))
-    } else {
-        failures.remove(&key);
-        until
-    };
-    Ok(Action::requeue(wait.max(Duration::from_millis(1))))
+/// The TTL passed: delete the export (this one: fenced on its uid).
+async fn delete_expired(ctx: &Context, export: &VirtualMachineExport) -> Result<Action, Error> {
+    let ns = export.namespace().unwrap_or_default();
+    let name = export.name_any();
+    let api: Api<VirtualMachineExport> = Api::namespaced(ctx.client.clone(), &ns);
+    let deleted = ctx
+        .writer
+        .delete(&api, &name, export.uid().as_deref())
+        .await
+        .map_err(Error::DeleteExport)?;
+    if deleted {
+        ctx.ttl_deletions.inc();
+        ctx.writer
+            .event(
+                &object_ref(export),
+                kube::runtime::events::EventType::Normal,
+                "TTLExpired",
+                "Delete",
+                format!("VirtualMachineExport {ns}/{name} reached its TTL and was deleted"),
+            )
+            .await;
+    }
+    Ok(Action::await_change())
 }
 
 async fn write_status(
     ctx: &Context,
-    api: &Api<VirtualMachineExport>,
     export: &VirtualMachineExport,
     status: &VirtualMachineExportStatus,
 ) -> Result<(), Error> {
@@ -594,10 +394,13 @@ async fn write_status(
     else {
         return Ok(());
     };
+    let api: Api<VirtualMachineExport> =
+        Api::namespaced(ctx.client.clone(), &export.namespace().unwrap_or_default());
     let rv = export.resource_version().unwrap_or_default();
     ctx.writer
-        .merge_status_fenced(api, &export.name_any(), &rv, &patch)
-        .await?;
+        .merge_status_fenced(&api, &export.name_any(), &rv, &patch)
+        .await
+        .map_err(Error::WriteStatus)?;
     Ok(())
 }
 
@@ -733,6 +536,13 @@ pub async fn run(rt: Runtime, cfg: Config) {
         rt.watched(),
         watcher::Config::default(),
     );
+    // The children a pass reads, metadata only, from the watches that map them to their export.
+    let children = || watcher::Config::default().labels(&format!("{APP_LABEL}={APP_LABEL_VALUE}"));
+    // (an `Api<PartialObjectMeta<_>>` lists and watches metadata only).
+    let (service_store, service_events) =
+        rt.reflect::<PartialObjectMeta<Service>>("vmexport-services", rt.watched(), children());
+    let (secret_store, secret_events) =
+        rt.reflect::<PartialObjectMeta<Secret>>("vmexport-secrets", rt.watched(), children());
     // Only the manager's namespace: that is where the proxy and its Ingress live.
     let (ingress_store, ingress_events) = rt.reflect::<Ingress>(
         "vmexport-ingresses",
@@ -779,14 +589,8 @@ pub async fn run(rt: Runtime, cfg: Config) {
     let s4 = store.clone();
     let controller = controller
         .reconcile_on(optional_triggers)
-        .owns(
-            rt.watched::<Service>(),
-            watcher::Config::default().labels("kubevirt.io=virt-exporter"),
-        )
-        .owns(
-            rt.watched::<Secret>(),
-            watcher::Config::default().labels("kubevirt.io=virt-exporter"),
-        )
+        .owns_stream(service_events)
+        .owns_stream(secret_events)
         .watches_stream(pvc_events.boxed(), move |pvc: PersistentVolumeClaim| {
             let ns = pvc.namespace().unwrap_or_default();
             let mut out = exports_of_claim(&s1, &ns, &pvc.name_any());
@@ -812,18 +616,22 @@ pub async fn run(rt: Runtime, cfg: Config) {
             }
             out
         });
-    let ctx = Arc::new(Context {
-        writer: rt.writer(CONTROLLER),
-        cfg,
+    let stores = Stores {
         pods: pod_store,
         claims,
         pvcs: pvc_store,
+        services: service_store,
+        secrets: secret_store,
         ingresses: ingress_store,
         optional: optional_state,
-        ca: tokio::sync::Mutex::new(None),
+    };
+    let ctx = Arc::new(Context::new(
+        rt.writer(CONTROLLER),
+        rt.client.clone(),
+        cfg,
+        stores,
         ttl_deletions,
-        failures: Mutex::new(BTreeMap::new()),
-    });
+    ));
     rtc::run(&rt, CONTROLLER, controller, ctx, BACKOFF_CAP, reconcile).await;
 }
 

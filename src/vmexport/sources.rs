@@ -1,37 +1,42 @@
 //! Source resolution (vmexport.md §9): what a PVC, VirtualMachine or VirtualMachineSnapshot
-//! source provides, whether it is available, and the conditions that say why not.
+//! source provides, whether it is available, and the conditions that say why not. It reads
+//! the caches only (`Stores`), so it sends no request and is unit-tested with filled stores.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, ResourceExt};
 
 use super::build::*;
+use super::context::Stores;
 use super::naming;
 use super::optional::Kind;
-use super::reconcile::{Context, is_already_exists};
 use super::types::{Condition, VirtualMachineExport};
 
 /// What the source resolution found (§9.2).
-pub(super) struct Source {
-    pub(super) volumes: Vec<ExportVolume>,
-    pub(super) available: bool,
+#[derive(Clone, Debug)]
+pub struct Source {
+    pub volumes: Vec<ExportVolume>,
+    pub available: bool,
     /// Ready condition while there is no pod.
-    pub(super) ready: Condition,
-    pub(super) phase_without_pod: &'static str,
-    pub(super) extra: Option<Condition>,
-    pub(super) pause_message: String,
+    pub ready: Condition,
+    pub phase_without_pod: &'static str,
+    pub extra: Option<Condition>,
+    pub pause_message: String,
+    /// Restore PVCs of a snapshot source that the cache does not show: created before the
+    /// pass goes on (their absence in the volumes' phases is already accounted for).
+    pub create_pvcs: Vec<PersistentVolumeClaim>,
 }
 
 /// The owning DataVolume's `(phase, contentType)` when the DataVolume API is watched.
 pub(super) fn dv_info(
-    ctx: &Context,
+    st: &Stores,
     pvc: &PersistentVolumeClaim,
 ) -> (Option<String>, Option<String>) {
-    let (Some(dv), Some(store)) = (owning_datavolume(pvc), ctx.optional.store(Kind::DataVolume))
+    let (Some(dv), Some(store)) = (owning_datavolume(pvc), st.optional.store(Kind::DataVolume))
     else {
         return (None, None);
     };
@@ -50,23 +55,23 @@ pub(super) fn dv_info(
     }
 }
 
-pub(super) fn in_use_by_pod(ctx: &Context, ns: &str, claim: &str, export_uid: &str) -> bool {
+pub(super) fn in_use_by_pod(st: &Stores, ns: &str, claim: &str, export_uid: &str) -> bool {
     // The claim index names the candidates; the store holds their phase and owners.
-    let candidates: Vec<Arc<Pod>> = ctx
+    let candidates: Vec<Arc<Pod>> = st
         .claims
         .pods(ns, claim)
         .into_iter()
-        .filter_map(|p| ctx.pods.get(&ObjectRef::new(&p).within(ns)))
+        .filter_map(|p| st.pods.get(&ObjectRef::new(&p).within(ns)))
         .collect();
     pvc_in_use(candidates.iter().map(|p| p.as_ref()), claim, export_uid).is_some()
 }
 
 /// VM source (§9.2): the claims of its volumes and its backend-storage PVC, blocked while a
 /// VMI of the same name is not finished.
-pub(super) fn resolve_vm(ctx: &Context, export: &VirtualMachineExport) -> Source {
+pub(super) fn resolve_vm(st: &Stores, export: &VirtualMachineExport) -> Source {
     let ns = export.namespace().unwrap_or_default();
     let name = export.spec.source.name.clone();
-    let Some(vms) = ctx.optional.store(Kind::VirtualMachine) else {
+    let Some(vms) = st.optional.store(Kind::VirtualMachine) else {
         return unavailable(
             PHASE_PENDING,
             REASON_SOURCE_API_NOT_INSTALLED,
@@ -104,7 +109,7 @@ pub(super) fn resolve_vm(ctx: &Context, export: &VirtualMachineExport) -> Source
         }
     }
     // The backend-storage PVC (TPM/EFI state) is archive content.
-    for p in ctx.pvcs.state() {
+    for p in st.pvcs.state() {
         if p.namespace().as_deref() == Some(ns.as_str())
             && p.labels().get("persistent-state-for").map(String::as_str) == Some(name.as_str())
         {
@@ -125,10 +130,10 @@ pub(super) fn resolve_vm(ctx: &Context, export: &VirtualMachineExport) -> Source
     let mut volumes = Vec::new();
     let mut populated = true;
     for (claim, archive) in &claims {
-        match ctx.pvcs.get(&ObjectRef::new(claim).within(&ns)) {
+        match st.pvcs.get(&ObjectRef::new(claim).within(&ns)) {
             None => populated = false,
             Some(pvc) => {
-                let (phase, ct) = dv_info(ctx, &pvc);
+                let (phase, ct) = dv_info(st, &pvc);
                 if !is_populated(&pvc, phase.as_deref()) {
                     populated = false;
                 }
@@ -150,9 +155,10 @@ pub(super) fn resolve_vm(ctx: &Context, export: &VirtualMachineExport) -> Source
             phase_without_pod: PHASE_PENDING,
             extra: None,
             pause_message: msg,
+            create_pvcs: Vec::new(),
         };
     }
-    if let Some(vmis) = ctx.optional.store(Kind::VirtualMachineInstance)
+    if let Some(vmis) = st.optional.store(Kind::VirtualMachineInstance)
         && let Some(vmi) = vmis
             .get(&ObjectRef::new_with(&name, Kind::VirtualMachineInstance.resource()).within(&ns))
         && !matches!(
@@ -168,6 +174,7 @@ pub(super) fn resolve_vm(ctx: &Context, export: &VirtualMachineExport) -> Source
             phase_without_pod: PHASE_PENDING,
             extra: None,
             pause_message: msg,
+            create_pvcs: Vec::new(),
         };
     }
     Source {
@@ -177,12 +184,13 @@ pub(super) fn resolve_vm(ctx: &Context, export: &VirtualMachineExport) -> Source
         phase_without_pod: PHASE_PENDING,
         extra: None,
         pause_message: String::new(),
+        create_pvcs: Vec::new(),
     }
 }
 
 /// The VM whose manifest the `all` endpoint serves: the source VM, or the snapshot's copy.
 pub(super) fn source_vm(
-    ctx: &Context,
+    st: &Stores,
     export: &VirtualMachineExport,
     kind: SourceKind,
 ) -> Option<serde_json::Value> {
@@ -190,13 +198,13 @@ pub(super) fn source_vm(
     let name = &export.spec.source.name;
     match kind {
         SourceKind::VirtualMachine => {
-            let vm = get_dyn(ctx, Kind::VirtualMachine, &ns, name)??;
+            let vm = get_dyn(st, Kind::VirtualMachine, &ns, name)??;
             serde_json::to_value(&*vm).ok()
         }
         SourceKind::VirtualMachineSnapshot => {
-            let snap = get_dyn(ctx, Kind::VirtualMachineSnapshot, &ns, name)??;
+            let snap = get_dyn(st, Kind::VirtualMachineSnapshot, &ns, name)??;
             let content_name = snap.data["status"]["virtualMachineSnapshotContentName"].as_str()?;
-            let content = get_dyn(ctx, Kind::VirtualMachineSnapshotContent, &ns, content_name)??;
+            let content = get_dyn(st, Kind::VirtualMachineSnapshotContent, &ns, content_name)??;
             Some(content.data["spec"]["source"]["virtualMachine"].clone())
         }
         _ => None,
@@ -204,12 +212,12 @@ pub(super) fn source_vm(
 }
 
 pub(super) fn get_dyn(
-    ctx: &Context,
+    st: &Stores,
     k: Kind,
     ns: &str,
     name: &str,
 ) -> Option<Option<Arc<DynamicObject>>> {
-    let (store, ar) = ctx.optional.store_with_resource(k)?;
+    let (store, ar) = st.optional.store_with_resource(k)?;
     Some(store.get(&ObjectRef::new_with(name, ar).within(ns)))
 }
 
@@ -303,8 +311,8 @@ pub(super) fn quantity_bytes(q: &str) -> f64 {
 
 /// VirtualMachineSnapshot source (§9.2, §9.5): restore PVCs `<export>-<pvc>` from the
 /// snapshot content, created once and never re-created.
-pub(super) async fn resolve_snapshot(
-    ctx: &Context,
+pub(super) fn resolve_snapshot(
+    st: &Stores,
     export: &VirtualMachineExport,
 ) -> (Source, Option<String>) {
     let ns = export.namespace().unwrap_or_default();
@@ -324,13 +332,13 @@ pub(super) async fn resolve_snapshot(
         Kind::VirtualMachineSnapshotContent,
         Kind::VolumeSnapshot,
     ] {
-        if ctx.optional.store(k).is_none() {
+        if st.optional.store(k).is_none() {
             return (missing_api(k), None);
         }
     }
     let volumes_created =
         |ok: bool, reason: &str| Some(condition(COND_VOLUMES_CREATED, ok, reason, ""));
-    let Some(Some(snap)) = get_dyn(ctx, Kind::VirtualMachineSnapshot, &ns, &name) else {
+    let Some(Some(snap)) = get_dyn(st, Kind::VirtualMachineSnapshot, &ns, &name) else {
         let mut s = unavailable(
             PHASE_SKIPPED,
             REASON_VMSNAPSHOT_NOT_FOUND,
@@ -359,7 +367,7 @@ pub(super) async fn resolve_snapshot(
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let Some(Some(content)) = get_dyn(ctx, Kind::VirtualMachineSnapshotContent, &ns, &content_name)
+    let Some(Some(content)) = get_dyn(st, Kind::VirtualMachineSnapshotContent, &ns, &content_name)
     else {
         return (
             not_created(format!(
@@ -386,46 +394,27 @@ pub(super) async fn resolve_snapshot(
             .as_array()
             .cloned()
             .unwrap_or_default();
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client(), &ns);
     let mut volumes = Vec::new();
+    let mut create_pvcs = Vec::new();
     let mut all_bound = true;
     for b in backups {
         let restore_size = b["volumeSnapshotName"].as_str().and_then(|vs| {
-            get_dyn(ctx, Kind::VolumeSnapshot, &ns, vs)
+            get_dyn(st, Kind::VolumeSnapshot, &ns, vs)
                 .flatten()
                 .and_then(|o| o.data["status"]["restoreSize"].as_str().map(str::to_string))
         });
         let Some(desired) = restore_pvc(export, b, &vm_volumes, restore_size.as_deref()) else {
             continue;
         };
-        let pname = desired.name_any();
-        let existing = match ctx.pvcs.get(&ObjectRef::new(&pname).within(&ns)) {
-            Some(p) => Some((*p).clone()),
-            None => match pvcs.get_opt(&pname).await {
-                Ok(p) => p,
-                Err(e) => {
-                    return (
-                        not_created(format!("PersistentVolumeClaim {pname}: {e}")),
-                        vm_name,
-                    );
-                }
-            },
-        };
-        let pvc = match existing {
-            Some(p) => p,
-            None => match ctx.writer.create(&pvcs, &desired).await {
-                Ok(p) => p,
-                Err(e) if is_already_exists(&e) => desired,
-                Err(e) => {
-                    let mut s = unavailable(
-                        PHASE_PENDING,
-                        REASON_OBJECT_CREATION_FAILED,
-                        format!("PersistentVolumeClaim {pname}: {e}"),
-                    );
-                    s.extra = volumes_created(false, REASON_NOT_ALL_PVCS_CREATED);
-                    return (s, vm_name);
-                }
-            },
+        let pvc = match st
+            .pvcs
+            .get(&ObjectRef::new(&desired.name_any()).within(&ns))
+        {
+            Some(p) => (*p).clone(),
+            None => {
+                create_pvcs.push(desired.clone());
+                desired
+            }
         };
         if pvc_phase(&pvc) != "Bound" {
             all_bound = false;
@@ -450,15 +439,28 @@ pub(super) async fn resolve_snapshot(
             phase_without_pod: PHASE_PENDING,
             extra,
             pause_message: String::new(),
+            create_pvcs,
         },
         vm_name,
     )
 }
 
-pub(super) fn resolve_pvc(ctx: &Context, export: &VirtualMachineExport) -> Source {
+/// The source after creating a restore PVC failed: pending, and the pass stops there.
+pub(super) fn restore_failed(msg: String) -> Source {
+    let mut s = unavailable(PHASE_PENDING, REASON_OBJECT_CREATION_FAILED, msg);
+    s.extra = Some(condition(
+        COND_VOLUMES_CREATED,
+        false,
+        REASON_NOT_ALL_PVCS_CREATED,
+        "",
+    ));
+    s
+}
+
+pub(super) fn resolve_pvc(st: &Stores, export: &VirtualMachineExport) -> Source {
     let ns = export.namespace().unwrap_or_default();
     let name = export.spec.source.name.clone();
-    let pvc = ctx.pvcs.get(&ObjectRef::new(&name).within(&ns));
+    let pvc = st.pvcs.get(&ObjectRef::new(&name).within(&ns));
     let extra = Some(pvc_condition(&ns, &name, pvc.as_deref()));
     let Some(pvc) = pvc else {
         return Source {
@@ -468,10 +470,11 @@ pub(super) fn resolve_pvc(ctx: &Context, export: &VirtualMachineExport) -> Sourc
             phase_without_pod: PHASE_PENDING,
             extra,
             pause_message: format!("PersistentVolumeClaim {ns}/{name} not found"),
+            create_pvcs: Vec::new(),
         };
     };
     // Without the DataVolume API a DV-owned claim counts as populated (§4).
-    let (dv_phase, dv_content) = dv_info(ctx, &pvc);
+    let (dv_phase, dv_content) = dv_info(st, &pvc);
     let volumes = vec![ExportVolume::from_pvc(&pvc, dv_content.as_deref())];
     let uid = export.uid().unwrap_or_default();
     if !is_populated(&pvc, dv_phase.as_deref()) {
@@ -482,9 +485,10 @@ pub(super) fn resolve_pvc(ctx: &Context, export: &VirtualMachineExport) -> Sourc
             phase_without_pod: PHASE_PENDING,
             extra,
             pause_message: format!("PersistentVolumeClaim {ns}/{name} is not populated"),
+            create_pvcs: Vec::new(),
         };
     }
-    if in_use_by_pod(ctx, &ns, &name, &uid) {
+    if in_use_by_pod(st, &ns, &name, &uid) {
         let msg = format!("PersistentVolumeClaim {ns}/{name} is in use");
         return Source {
             volumes,
@@ -493,6 +497,7 @@ pub(super) fn resolve_pvc(ctx: &Context, export: &VirtualMachineExport) -> Sourc
             phase_without_pod: PHASE_PENDING,
             extra,
             pause_message: msg,
+            create_pvcs: Vec::new(),
         };
     }
     Source {
@@ -502,6 +507,7 @@ pub(super) fn resolve_pvc(ctx: &Context, export: &VirtualMachineExport) -> Sourc
         phase_without_pod: PHASE_PENDING,
         extra,
         pause_message: String::new(),
+        create_pvcs: Vec::new(),
     }
 }
 
@@ -513,6 +519,7 @@ pub(super) fn unavailable(phase: &'static str, reason: &str, msg: String) -> Sou
         phase_without_pod: phase,
         extra: None,
         pause_message: msg,
+        create_pvcs: Vec::new(),
     }
 }
 

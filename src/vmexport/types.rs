@@ -83,23 +83,9 @@ pub struct VirtualMachineExportStatus {
     pub virtual_machine_name: Option<String>,
 }
 
-/// Condition defines conditions
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Condition {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_probe_time: Option<Time>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_transition_time: Option<Time>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    pub status: String,
-    /// ConditionType is the const type for Conditions
-    #[serde(rename = "type")]
-    pub type_: String,
-}
+/// The condition type is the conditions library's KubeVirt shape (one setter for it, in
+/// `crate::conditions`).
+pub use crate::conditions::KubeVirtCondition as Condition;
 
 /// VirtualMachineExportLinks contains the links that point the exported VM resources
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

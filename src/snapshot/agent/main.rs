@@ -102,7 +102,7 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
         let l = http::bind(addr, "--metrics-bind-address").await?;
         servers.spawn(http::serve_metrics(
             l,
-            metrics.clone(),
+            metrics.registry.clone(),
             servers_stop.clone(),
         ));
     }

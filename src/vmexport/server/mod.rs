@@ -19,7 +19,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{IntCounterVec, Opts, Registry};
 use tokio::net::{TcpListener, TcpSocket};
 
 use self::config::Config;
@@ -110,28 +110,14 @@ pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
     }
 }
 
-pub async fn serve_metrics(listener: TcpListener, registry: Registry) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |_req| {
-                let registry = registry.clone();
-                async move {
-                    let mut buf = Vec::new();
-                    let _ = TextEncoder::new().encode(&registry.gather(), &mut buf);
-                    Ok::<_, std::convert::Infallible>(http::Response::new(
-                        http_body_util::Full::new(bytes::Bytes::from(buf)),
-                    ))
-                }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+/// `/metrics` on `listener` until the process exits.
+pub fn spawn_metrics(listener: TcpListener, registry: Registry) {
+    tokio::spawn(async move {
+        let stop = tokio_util::sync::CancellationToken::new();
+        if let Err(e) = crate::runtime::http::serve_metrics(listener, registry, stop).await {
+            tracing::warn!(error = %e, "the metrics server stopped");
+        }
+    });
 }
 
 /// The TLS handshake of an accepted connection, bounded to 30 s (only the handshake is timed:
@@ -180,7 +166,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     if let Some(addr) = cfg.metrics_addr {
         match bind_listener(addr) {
             Ok(l) => {
-                tokio::spawn(serve_metrics(l, registry.clone()));
+                spawn_metrics(l, registry.clone());
             }
             Err(e) => tracing::warn!(%addr, error = %e, "cannot serve metrics"),
         }

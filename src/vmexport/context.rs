@@ -1,0 +1,373 @@
+//! What every vmexport pass shares: the settings, the caches it observes (`Stores`), the writer,
+//! the export CA, and the error type. Its own module so `children`, `sources` and `reconcile`
+//! all depend on it and on nothing of each other's IO.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::ObjectMeta;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource};
+use prometheus::IntCounter;
+
+use super::build::{PodSettings, external_from_ingresses, ingress_ca};
+use super::certs::{self, Pem};
+use super::optional::Optional;
+use super::podcache::ClaimIndex;
+use super::types::VirtualMachineExport;
+use crate::runtime::writer::kube_metric_label;
+use crate::runtime::{ReconcileError, WriteError, Writer};
+
+/// A failed step of a pass. Each variant names the step; the cause is its `source`, so
+/// `error_chain` prints it once.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("write status")]
+    WriteStatus(#[source] WriteError),
+    #[error("delete export at TTL expiry")]
+    DeleteExport(#[source] WriteError),
+    #[error("delete pod {0}")]
+    DeletePod(String, #[source] WriteError),
+    #[error("read CA Secret {0}")]
+    ReadCa(String, #[source] kube::Error),
+    #[error("create CA Secret {0}")]
+    CreateCa(String, #[source] WriteError),
+    #[error("export CA: {0}")]
+    Ca(String),
+    /// A child could not be made; the status says which and why. Retried with the runtime's
+    /// backoff, by the TTL expiry at the latest.
+    #[error("a child could not be made (see the Ready condition)")]
+    Reported { until: Duration },
+}
+
+impl ReconcileError for Error {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            Error::WriteStatus(e)
+            | Error::DeleteExport(e)
+            | Error::DeletePod(_, e)
+            | Error::CreateCa(_, e) => e.metric_label(),
+            Error::ReadCa(_, e) => kube_metric_label(e),
+            Error::Ca(_) => "ca",
+            // Never counted (see `reported`).
+            Error::Reported { .. } => "reported",
+        }
+    }
+    fn own_metric_labels() -> &'static [&'static str] {
+        &["ca"]
+    }
+    fn is_conflict(&self) -> bool {
+        match self {
+            Error::WriteStatus(e) | Error::DeletePod(_, e) | Error::CreateCa(_, e) => {
+                e.is_conflict()
+            }
+            _ => false,
+        }
+    }
+    fn reported(&self) -> Option<Duration> {
+        match self {
+            Error::Reported { until } => Some(*until),
+            _ => None,
+        }
+    }
+}
+
+/// Settings resolved at start (§5).
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub pod: PodSettings,
+    pub ca_secret: String,
+    pub manager_namespace: String,
+    pub external_host: Option<String>,
+    pub external_ca: String,
+}
+
+/// The caches a pass reads: nothing here sends a request.
+#[derive(Clone)]
+pub struct Stores {
+    /// Slim Pods (podcache.rs) and their claim index; export Pods keep what the status reads.
+    pub pods: Store<Pod>,
+    pub claims: Arc<ClaimIndex>,
+    pub pvcs: Store<PersistentVolumeClaim>,
+    /// Services and Secrets labelled as export children, metadata only: a pass needs their
+    /// presence and controller, never a Secret's data from the cache.
+    pub services: Store<PartialObjectMeta<Service>>,
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// Ingresses in the manager's namespace: the one routing to `ucm export-proxy` gives the
+    /// external host when `--export-external-host` is not set.
+    pub ingresses: Store<Ingress>,
+    pub optional: Arc<Optional>,
+}
+
+impl Stores {
+    pub fn service(&self, ns: &str, name: &str) -> Option<ObjectMeta> {
+        self.services
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|s| s.metadata.clone())
+    }
+
+    pub fn secret(&self, ns: &str, name: &str) -> Option<ObjectMeta> {
+        self.secrets
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|s| s.metadata.clone())
+    }
+
+    pub fn pod(&self, ns: &str, name: &str) -> Option<Pod> {
+        self.pods
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|p| (*p).clone())
+    }
+}
+
+/// Children this manager created that its caches may not show yet: the pass after a create
+/// often runs before the child's watch event arrives (it is queued by an event of another
+/// child of the same pass). Without this it would create again and get 409 AlreadyExists.
+/// An entry lives until the cache shows the object or [`Recent::TTL`] passes, so a child that
+/// was deleted before the cache saw it is not believed for ever.
+#[derive(Default)]
+pub struct Recent {
+    created: Mutex<HashMap<RecentKey, (Instant, Created)>>,
+}
+
+/// (kind, namespace, name).
+type RecentKey = (&'static str, String, String);
+
+#[derive(Clone)]
+pub enum Created {
+    Meta(Box<ObjectMeta>),
+    Pod(Box<Pod>),
+}
+
+impl Recent {
+    const TTL: Duration = Duration::from_secs(30);
+
+    pub fn remember(&self, kind: &'static str, ns: &str, name: &str, obj: Created) {
+        let mut m = self.created.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|_, (t, _)| t.elapsed() < Self::TTL);
+        m.insert((kind, ns.into(), name.into()), (Instant::now(), obj));
+    }
+
+    /// The cached object, else what this manager created recently.
+    pub fn overlay<T>(
+        &self,
+        kind: &'static str,
+        ns: &str,
+        name: &str,
+        cached: Option<T>,
+        from: impl FnOnce(Created) -> Option<T>,
+    ) -> Option<T> {
+        let mut m = self.created.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (kind, ns.to_string(), name.to_string());
+        if cached.is_some() {
+            m.remove(&key);
+            return cached;
+        }
+        match m.get(&key) {
+            Some((t, obj)) if t.elapsed() < Self::TTL => from(obj.clone()),
+            Some(_) => {
+                m.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+}
+
+pub struct Context {
+    pub writer: Writer,
+    /// For reads; every write goes through `writer`.
+    pub client: kube::Client,
+    pub cfg: Config,
+    pub stores: Stores,
+    pub recent: Recent,
+    ca: tokio::sync::Mutex<Option<Pem>>,
+    pub ttl_deletions: IntCounter,
+}
+
+pub(super) fn is_already_exists(e: &WriteError) -> bool {
+    matches!(e, WriteError::Kube(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists")
+}
+
+pub(super) fn object_ref(e: &VirtualMachineExport) -> ObjectReference {
+    e.object_ref(&())
+}
+
+impl Context {
+    pub fn new(
+        writer: Writer,
+        client: kube::Client,
+        cfg: Config,
+        stores: Stores,
+        ttl_deletions: IntCounter,
+    ) -> Self {
+        Context {
+            writer,
+            client,
+            cfg,
+            stores,
+            recent: Recent::default(),
+            ca: tokio::sync::Mutex::new(None),
+            ttl_deletions,
+        }
+    }
+
+    /// The external host and the CA users should trust: `--export-external-host` with
+    /// `--export-external-ca-file`, else the host of the Ingress that routes to the export proxy
+    /// with the CA of its TLS Secret ("" without TLS), as KubeVirt finds its proxy's Ingress.
+    pub(super) async fn external(&self) -> Option<(String, String)> {
+        if let Some(h) = &self.cfg.external_host {
+            return Some((h.clone(), self.cfg.external_ca.clone()));
+        }
+        let ings = self.stores.ingresses.state();
+        let (host, secret) =
+            external_from_ingresses(ings.iter().map(|i| i.as_ref()), super::proxy::SERVICE)?;
+        let cert = match secret {
+            Some(name) => {
+                let api: Api<Secret> =
+                    Api::namespaced(self.client.clone(), &self.cfg.manager_namespace);
+                match api.get_opt(&name).await {
+                    Ok(Some(s)) => ingress_ca(&s),
+                    Ok(None) => String::new(),
+                    Err(e) => {
+                        tracing::warn!(secret = %name, error = %e, "cannot read the proxy Ingress's TLS Secret");
+                        String::new()
+                    }
+                }
+            }
+            None => String::new(),
+        };
+        Some((host, cert))
+    }
+
+    /// The CA: read; on NotFound create; on AlreadyExists (another leader won) read again.
+    /// An existing CA is never overwritten (§7.4.1). Read once per process.
+    pub(super) async fn ca(&self) -> Result<Pem, Error> {
+        let mut guard = self.ca.lock().await;
+        if let Some(p) = guard.as_ref() {
+            return Ok(p.clone());
+        }
+        let name = &self.cfg.ca_secret;
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.cfg.manager_namespace);
+        let read = |s: &Secret| -> Result<Pem, Error> {
+            let d = s.data.clone().unwrap_or_default();
+            let get = |k: &str| {
+                d.get(k)
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                    .ok_or_else(|| Error::Ca(format!("Secret {name} has no {k}")))
+            };
+            Ok(Pem {
+                cert: get("tls.crt")?,
+                key: get("tls.key")?,
+            })
+        };
+        let read_err = |e| Error::ReadCa(name.clone(), e);
+        let pem = match api.get_opt(name).await.map_err(read_err)? {
+            Some(s) => read(&s)?,
+            None => {
+                let ca =
+                    certs::new_ca(jiff::Timestamp::now()).map_err(|e| Error::Ca(e.to_string()))?;
+                let secret = Secret {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(self.cfg.manager_namespace.clone()),
+                        ..Default::default()
+                    },
+                    type_: Some("kubernetes.io/tls".into()),
+                    data: Some(BTreeMap::from([
+                        (
+                            "tls.crt".to_string(),
+                            k8s_openapi::ByteString(ca.cert.clone().into_bytes()),
+                        ),
+                        (
+                            "tls.key".to_string(),
+                            k8s_openapi::ByteString(ca.key.clone().into_bytes()),
+                        ),
+                    ])),
+                    ..Default::default()
+                };
+                match self.writer.create(&api, &secret).await {
+                    Ok(_) => ca,
+                    Err(e) if is_already_exists(&e) => {
+                        read(&api.get(name).await.map_err(read_err)?)?
+                    }
+                    Err(e) => return Err(Error::CreateCa(name.clone(), e)),
+                }
+            }
+        };
+        // Validate once so an unusable CA is reported, not used.
+        certs::issue_serving(
+            &pem,
+            "probe",
+            "probe",
+            jiff::Timestamp::now(),
+            Duration::from_secs(60),
+        )
+        .map_err(|e| Error::Ca(format!("Secret {name} does not hold a usable CA: {e}")))?;
+        *guard = Some(pem.clone());
+        Ok(pem)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(n: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(n.into()),
+            ..Default::default()
+        }
+    }
+
+    fn meta(c: Created) -> Option<ObjectMeta> {
+        match c {
+            Created::Meta(m) => Some(*m),
+            Created::Pod(_) => None,
+        }
+    }
+
+    /// What we created counts as present until the cache shows it; then the cache wins.
+    #[test]
+    fn recent_creates_cover_a_cache_that_is_behind() {
+        let r = Recent::default();
+        assert_eq!(r.overlay("Secret", "ns", "a", None, meta), None);
+        r.remember("Secret", "ns", "a", Created::Meta(Box::new(named("ours"))));
+        let seen = r.overlay("Secret", "ns", "a", None, meta);
+        assert_eq!(seen.and_then(|m| m.name), Some("ours".into()));
+        // other kinds, names and namespaces are not covered
+        assert_eq!(r.overlay("Service", "ns", "a", None, meta), None);
+        assert_eq!(r.overlay("Secret", "other", "a", None, meta), None);
+        // once the cache has it, the memo goes: a later deletion reads as absent
+        let cached = r.overlay("Secret", "ns", "a", Some(named("cached")), meta);
+        assert_eq!(cached.and_then(|m| m.name), Some("cached".into()));
+        assert_eq!(r.overlay("Secret", "ns", "a", None, meta), None);
+    }
+
+    /// The step, then its cause, each once.
+    #[test]
+    fn errors_name_the_step_and_print_the_cause_once() {
+        let e = Error::DeletePod("virt-export-a".into(), WriteError::NotLeader);
+        assert_eq!(
+            crate::runtime::controller::error_chain(&e),
+            "delete pod virt-export-a: this replica is not the leader; the write was refused"
+        );
+        assert_eq!(e.metric_label(), "not_leader");
+        let e = Error::WriteStatus(WriteError::NotLeader);
+        assert_eq!(
+            crate::runtime::controller::error_chain(&e),
+            "write status: this replica is not the leader; the write was refused"
+        );
+        assert_eq!(
+            Error::Reported {
+                until: Duration::from_secs(3)
+            }
+            .reported(),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(e.reported(), None);
+    }
+}

@@ -1,0 +1,407 @@
+//! The decisions of a VirtualMachineExport pass (vmexport.md §6.2), as a pure function of what
+//! the pass observed: `plan(&Observed, &Config, now) -> Plan`. `reconcile` observes (caches
+//! only), plans, and applies the plan; the plan says which children to make, what to do with
+//! the export Pod and why, the events, the status and when to look again. What only applying
+//! can tell (a create that fails) turns into the status with [`Plan::status_with`].
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::api::ObjectMeta;
+use kube::runtime::events::EventType;
+
+use super::build::*;
+use super::children::{CERT_ADVICE, Failed, REASON_POD_CONFLICT, TOKEN_ADVICE, conflict};
+use super::context::Config;
+use super::naming;
+use super::sources::{Source, unavailable};
+use super::types::{Condition, VirtualMachineExport, VirtualMachineExportStatus};
+use crate::conditions::{remove_kubevirt, set_kubevirt_condition};
+
+/// What a pass read, all from caches.
+#[derive(Clone)]
+pub struct Observed {
+    pub export: VirtualMachineExport,
+    pub kind: SourceKind,
+    pub source: Source,
+    /// The VirtualMachine a snapshot source was taken of.
+    pub snapshot_vm: Option<String>,
+    pub service: Option<ObjectMeta>,
+    /// The default token Secret (used without spec.tokenSecretRef).
+    pub token: Option<ObjectMeta>,
+    pub cert: Option<ObjectMeta>,
+    pub pod: Option<Pod>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedEvent {
+    pub type_: EventType,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+}
+
+/// The token Secret the pod mounts.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenStep {
+    /// spec.tokenSecretRef: the user's Secret, never read nor written.
+    Given(String),
+    /// Ours, present.
+    Present(String),
+    Create(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CertStep {
+    None,
+    /// Before a new pod: valid for it (read, reissued if needed).
+    Valid,
+    /// While a pod runs: only a missing Secret is issued again.
+    Present,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum PodStep {
+    /// No pod, and none to make.
+    Absent,
+    Create,
+    Keep,
+    /// Delete the observed pod (fenced on its uid), for this reason.
+    Delete {
+        uid: String,
+        reason: &'static str,
+    },
+    /// A reason to delete it, but it is terminating already.
+    Terminating,
+}
+
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The TTL passed: delete the export, nothing else.
+    pub expired: bool,
+    pub events: Vec<PlannedEvent>,
+    pub create_service: Option<Service>,
+    pub restore_pvcs: Vec<PersistentVolumeClaim>,
+    /// `None`: the token, manifest, certificate and pod steps are not reached.
+    pub token: Option<TokenStep>,
+    /// Ensure the manifest ConfigMap (VM and snapshot sources).
+    pub manifest: bool,
+    pub cert: CertStep,
+    pub pod: PodStep,
+    /// What already fails (a conflict); applying may add a failed create.
+    pub failure: Option<Condition>,
+    /// The status if applying adds no failure (links still to fill from `links_pod`).
+    pub status: VirtualMachineExportStatus,
+    /// The ready pod whose environment gives the links.
+    pub links_pod: Option<Pod>,
+    pub requeue: Duration,
+    base: VirtualMachineExportStatus,
+    pod_state: Option<PodState>,
+    pod_name: String,
+    source: Source,
+    now: Time,
+}
+
+impl Plan {
+    /// The status with `failure` in the Ready condition (or the pod's or the source's state).
+    pub fn status_with(&self, failure: Option<&Condition>) -> VirtualMachineExportStatus {
+        let mut status = self.base.clone();
+        let (phase, ready) = match (failure, self.pod_state) {
+            (Some(f), _) => (PHASE_PENDING, f.clone()),
+            (None, Some(s)) => phase_from_pod(s, &self.pod_name),
+            (None, None) => (self.source.phase_without_pod, self.source.ready.clone()),
+        };
+        let mut conds = status.conditions.take().unwrap_or_default();
+        set_kubevirt_condition(&mut conds, ready, &self.now);
+        match &self.source.extra {
+            Some(c) => {
+                set_kubevirt_condition(&mut conds, c.clone(), &self.now);
+            }
+            None => {
+                remove_kubevirt(&mut conds, COND_PVC_READY);
+            }
+        }
+        status.conditions = Some(conds);
+        status.phase = Some(phase.to_string());
+        status.links = None;
+        status
+    }
+}
+
+/// The Warning event for the final failure, if any: a failed create each time, a conflict once
+/// (when the condition first says so).
+pub fn failure_event(
+    old: Option<&VirtualMachineExportStatus>,
+    f: &Condition,
+) -> Option<PlannedEvent> {
+    let reason = f.reason.as_deref()?;
+    let reason: &'static str = if reason == REASON_OBJECT_CREATION_FAILED {
+        REASON_OBJECT_CREATION_FAILED
+    } else {
+        Failed::CONFLICTS.iter().find(|c| **c == reason)?
+    };
+    let told = reason != REASON_OBJECT_CREATION_FAILED
+        && old.and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == COND_READY
+                    && c.reason.as_deref() == Some(reason)
+                    && c.message == f.message
+            })
+        });
+    (!told).then(|| PlannedEvent {
+        type_: EventType::Warning,
+        reason,
+        action: "Create",
+        note: f.message.clone().unwrap_or_default(),
+    })
+}
+
+pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
+    let export = &o.export;
+    let ns = export.namespace().unwrap_or_default();
+    let name = export.name_any();
+    let now = crate::conditions::truncate(now_ts);
+    let created = export
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or(now_ts);
+    let mut events = Vec::new();
+
+    // Step 2: initialise.
+    let (ttl, warn) = ttl_duration(&export.spec);
+    let mut status = match &export.status {
+        Some(s) if s.ttl_expiration_time.is_some() => s.clone(),
+        other => {
+            if let Some(w) = warn {
+                events.push(PlannedEvent {
+                    type_: EventType::Warning,
+                    reason: "InvalidTTL",
+                    action: "Initialize",
+                    note: w,
+                });
+            }
+            let mut s = initial_status(ttl_expiration(created, ttl), &now);
+            if let Some(o) = other {
+                s.token_secret_ref = o.token_secret_ref.clone();
+            }
+            s
+        }
+    };
+    // What this pass computes replaces whatever the status says (another writer's values
+    // included, issue 21): the TTL from the creation time, and the one token name ucm uses.
+    let expiry = ttl_expiration(created, ttl);
+    status.ttl_expiration_time = Some(Time(expiry));
+    if status.token_secret_ref.is_some() {
+        status.token_secret_ref = Some(
+            export
+                .spec
+                .token_secret_ref
+                .clone()
+                .unwrap_or_else(|| naming::token_secret_name(&name)),
+        );
+    }
+
+    let mut plan = Plan {
+        expired: false,
+        events,
+        create_service: None,
+        restore_pvcs: Vec::new(),
+        token: None,
+        manifest: false,
+        cert: CertStep::None,
+        pod: PodStep::Absent,
+        failure: None,
+        status: VirtualMachineExportStatus::default(),
+        links_pod: None,
+        requeue: Duration::ZERO,
+        base: VirtualMachineExportStatus::default(),
+        pod_state: None,
+        pod_name: naming::pod_name(&name),
+        source: unavailable(PHASE_PENDING, REASON_INITIALIZING, String::new()),
+        now,
+    };
+
+    // Step 3: TTL, in any phase, whether or not a pod exists (§12).
+    let Some(until) = until_expiry(now_ts, expiry) else {
+        plan.expired = true;
+        return plan;
+    };
+    plan.requeue = until.max(Duration::from_millis(1));
+
+    // Step 5: the Service, even without a source.
+    match &o.service {
+        None => plan.create_service = Some(build_service(export)),
+        Some(meta) => {
+            let existing = Service {
+                metadata: meta.clone(),
+                ..Default::default()
+            };
+            if let Some(msg) = service_conflict(&existing, export) {
+                plan.failure = Some(condition(
+                    COND_READY,
+                    false,
+                    REASON_OBJECT_CREATION_FAILED,
+                    msg,
+                ));
+            }
+        }
+    }
+    status.service_name = Some(naming::service_name(&name));
+
+    // Step 4: the source.
+    let source = match token_secret_ref_problem(&export.spec) {
+        Some(msg) => unavailable(PHASE_SKIPPED, REASON_INVALID_TOKEN_SECRET_REF, msg),
+        None => o.source.clone(),
+    };
+    match o.kind {
+        SourceKind::VirtualMachine => {
+            status.virtual_machine_name = Some(export.spec.source.name.clone())
+        }
+        SourceKind::VirtualMachineSnapshot if o.snapshot_vm.is_some() => {
+            status.virtual_machine_name = o.snapshot_vm.clone()
+        }
+        _ => {}
+    }
+    if let Some(t) = &export.spec.token_secret_ref {
+        status.token_secret_ref = Some(t.clone());
+    }
+    plan.restore_pvcs = source.create_pvcs.clone();
+
+    // Step 6: token, certificate, pod. A Pod of that name this export does not control is
+    // neither used, nor deleted, nor reported as ours.
+    let pod_name = naming::pod_name(&name);
+    let mut pod = o.pod.clone();
+    if let Some(f) = pod.as_ref().and_then(|p| {
+        conflict(
+            REASON_POD_CONFLICT,
+            "Pod",
+            &p.metadata,
+            export,
+            "Delete or rename it, or rename this export",
+        )
+    }) {
+        pod = None;
+        plan.failure.get_or_insert_with(|| f.condition());
+    }
+    if source.available && !source.volumes.is_empty() && plan.failure.is_none() {
+        let token = match &export.spec.token_secret_ref {
+            Some(t) => Some(TokenStep::Given(t.clone())),
+            None => {
+                let n = naming::token_secret_name(&name);
+                status.token_secret_ref = Some(n.clone());
+                match &o.token {
+                    None => Some(TokenStep::Create(n)),
+                    Some(meta) => match conflict(
+                        super::children::REASON_SECRET_CONFLICT,
+                        "Secret",
+                        meta,
+                        export,
+                        TOKEN_ADVICE,
+                    ) {
+                        Some(f) => {
+                            plan.failure = Some(f.condition());
+                            None
+                        }
+                        None => Some(TokenStep::Present(n)),
+                    },
+                }
+            }
+        };
+        plan.manifest = matches!(
+            o.kind,
+            SourceKind::VirtualMachine | SourceKind::VirtualMachineSnapshot
+        );
+        let cert_conflict = o.cert.as_ref().and_then(|m| {
+            conflict(
+                super::children::REASON_SECRET_CONFLICT,
+                "Secret",
+                m,
+                export,
+                CERT_ADVICE,
+            )
+        });
+        if token.is_some() && pod.is_none() && plan.failure.is_none() {
+            match cert_conflict {
+                Some(f) => plan.failure = Some(f.condition()),
+                None => {
+                    plan.cert = CertStep::Valid;
+                    plan.pod = PodStep::Create;
+                }
+            }
+        } else if pod.is_some() && plan.failure.is_none() {
+            match cert_conflict {
+                Some(f) => plan.failure = Some(f.condition()),
+                None => plan.cert = CertStep::Present,
+            }
+        }
+        plan.token = token;
+    }
+
+    // Step 7: pause, completion, changed certificate parameters.
+    if plan.pod == PodStep::Create {
+        plan.pod_state = Some(PodState::Pending);
+    }
+    if let Some(p) = &pod {
+        let state = pod_state(p);
+        plan.pod_state = Some(state);
+        plan.pod = PodStep::Keep;
+        let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+        let delete = if !source.available {
+            Some(("ExportPaused", source.pause_message.clone()))
+        } else if matches!(phase.as_deref(), Some("Succeeded") | Some("Failed")) {
+            Some((
+                "ExporterPodFailedOrCompleted",
+                format!(
+                    "Exporter pod {ns}/{pod_name} is in phase {}",
+                    phase.unwrap_or_default()
+                ),
+            ))
+        } else if p.annotations().get(ANN_CERT_PARAMS) != Some(&cfg.pod.cert_params()) {
+            Some((
+                "CertificateParametersChanged",
+                "Exporter TLS certificate parameters updated".to_string(),
+            ))
+        } else {
+            None
+        };
+        if let Some((reason, note)) = delete {
+            plan.pod = if p.metadata.deletion_timestamp.is_none() {
+                plan.events.push(PlannedEvent {
+                    type_: EventType::Warning,
+                    reason,
+                    action: "Delete",
+                    note,
+                });
+                PodStep::Delete {
+                    uid: p.uid().unwrap_or_default(),
+                    reason,
+                }
+            } else {
+                PodStep::Terminating
+            };
+            // A finished pod still shapes this pass's status (Terminated); others do not.
+            if reason != "ExporterPodFailedOrCompleted" {
+                plan.pod_state = None;
+            }
+        }
+        if plan.pod_state == Some(PodState::Ready) {
+            plan.links_pod = Some(p.clone());
+        }
+    }
+
+    plan.base = status;
+    plan.source = source;
+    plan.status = plan.status_with(plan.failure.as_ref());
+    if plan.failure.is_some() {
+        plan.links_pod = None;
+    }
+    plan
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;
