@@ -163,30 +163,43 @@ pub struct Replacements {
 /// data is held). Only credentials of this feature's objects are kept, one short JWT each.
 #[derive(Default)]
 pub struct Tokens {
-    inner: Mutex<HashMap<Key, (String, Arc<str>)>>,
+    inner: Mutex<TokensInner>,
+}
+
+#[derive(Default)]
+struct TokensInner {
+    tokens: HashMap<Key, (String, Arc<str>)>,
+    /// The size at which entries of deleted Secrets are dropped next (doubles each time).
+    prune_at: usize,
 }
 
 impl Tokens {
     pub fn get(&self, namespace: &str, name: &str, rv: &str) -> Option<Arc<str>> {
         let inner = self.inner.lock().expect("lock");
-        match inner.get(&(namespace.to_string(), name.to_string())) {
+        match inner.tokens.get(&(namespace.to_string(), name.to_string())) {
             Some((at, token)) if at == rv => Some(token.clone()),
             _ => None,
         }
     }
 
-    pub fn put(&self, namespace: &str, name: &str, rv: &str, token: Arc<str>) {
-        self.inner.lock().expect("lock").insert(
-            (namespace.to_string(), name.to_string()),
-            (rv.to_string(), token),
-        );
-    }
-
-    pub fn forget(&self, namespace: &str, name: &str) {
-        self.inner
-            .lock()
-            .expect("lock")
-            .remove(&(namespace.to_string(), name.to_string()));
+    /// Remembers the token at `rv`. Entries whose Secret `exists` no longer are dropped now and
+    /// then (amortised: when the map has doubled since the last time).
+    pub fn put(
+        &self,
+        namespace: &str,
+        name: &str,
+        rv: &str,
+        token: Arc<str>,
+        exists: impl Fn(&str, &str) -> bool,
+    ) {
+        let mut inner = self.inner.lock().expect("lock");
+        inner
+            .tokens
+            .insert((namespace.to_string(), name.to_string()), (rv.to_string(), token));
+        if inner.tokens.len() >= inner.prune_at.max(1024) {
+            inner.tokens.retain(|(ns, n), _| exists(ns, n));
+            inner.prune_at = inner.tokens.len() * 2;
+        }
     }
 }
 
@@ -336,13 +349,25 @@ mod tests {
     #[test]
     fn a_token_is_known_only_at_the_version_it_was_seen() {
         let t = Tokens::default();
-        t.put("lab", "e-exporter", "5", "jwt".into());
+        t.put("lab", "e-exporter", "5", "jwt".into(), |_, _| true);
         assert_eq!(t.get("lab", "e-exporter", "5").as_deref(), Some("jwt"));
         // Someone else wrote the Secret since: read it again.
         assert_eq!(t.get("lab", "e-exporter", "6"), None);
         assert_eq!(t.get("other", "e-exporter", "5"), None);
-        t.forget("lab", "e-exporter");
-        assert_eq!(t.get("lab", "e-exporter", "5"), None);
+    }
+
+    #[test]
+    fn tokens_of_deleted_secrets_are_dropped_as_the_map_grows() {
+        let t = Tokens::default();
+        // Every even Secret was deleted since.
+        let exists = |_: &str, n: &str| n.trim_start_matches('s').parse::<u32>().unwrap() % 2 == 1;
+        for i in 0..1024 {
+            t.put("lab", &format!("s{i}"), "1", "jwt".into(), exists);
+        }
+        let inner = t.inner.lock().unwrap();
+        assert_eq!(inner.tokens.len(), 512);
+        assert!(inner.tokens.keys().all(|(_, n)| exists("lab", n)));
+        assert_eq!(inner.prune_at, 1024);
     }
 
     #[test]

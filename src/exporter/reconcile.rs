@@ -265,7 +265,12 @@ async fn credential_pass(
     // Whatever this pass leaves in the Secret, at the version it leaves, is known from now on.
     let remember = |written: &ObjectMeta, token: Arc<str>| {
         let rv = written.resource_version.as_deref().unwrap_or_default();
-        ctx.tokens.put(namespace, secret_name, rv, token);
+        ctx.tokens.put(namespace, secret_name, rv, token, |ns, n| {
+            ctx.caches
+                .secrets
+                .get(&ObjectRef::new(n).within(ns))
+                .is_some()
+        });
     };
     match action {
         TokenAction::Keep(claims) => {
