@@ -40,9 +40,12 @@ pub struct Authn {
     k8s: Option<Reviewer>,
 }
 
+/// Token hash → when the API server answered and the username it accepted (None: refused).
+type Reviews = HashMap<[u8; 32], (Instant, Option<String>)>;
+
 struct Reviewer {
     client: kube::Client,
-    cache: Mutex<HashMap<[u8; 32], (Instant, Option<String>)>>,
+    cache: Mutex<Reviews>,
 }
 
 fn refused(reason: impl std::fmt::Display) -> Status {

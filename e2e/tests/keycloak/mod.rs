@@ -24,6 +24,8 @@ pub struct Keycloak {
     /// Seconds from spawn to the first answered discovery request.
     pub startup: Duration,
     _dir: PathBuf,
+    /// Keycloak and its watchdog, held for the life of the binary.
+    _processes: [std::process::Child; 2],
 }
 
 static SHARED: OnceLock<Keycloak> = OnceLock::new();
@@ -98,7 +100,7 @@ impl Keycloak {
                 .expect("start Keycloak")
         };
         // The group dies with this process (a static is never dropped).
-        Command::new("sh")
+        let watchdog = Command::new("sh")
             .arg("-c")
             .arg(format!(
                 "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill -KILL -- -{pg} 2>/dev/null",
@@ -139,6 +141,7 @@ impl Keycloak {
             log,
             startup,
             _dir: dir,
+            _processes: [child, watchdog],
         }
     }
 
