@@ -701,6 +701,27 @@ mod tests {
     }
 
     #[test]
+    fn username_rules() {
+        let yaml = "- issuer: {url: https://a.example, audiences: [x]}\n  claimMappings: {username: {claim: email, prefix: ''}}\n  claimValidationRules: [{claim: hd, requiredValue: example.com}]\n";
+        let v = Verifier::new(parse(yaml).unwrap().remove(0)).unwrap();
+        let user = |c: Value| v.username(&c, "internal:");
+        let ok = serde_json::json!({"email": "a@example.com", "email_verified": true, "hd": "example.com"});
+        assert_eq!(user(ok.clone()).unwrap(), "a@example.com");
+        let mut c = ok.clone();
+        c["email_verified"] = Value::Bool(false);
+        assert_eq!(user(c).unwrap_err(), OidcError::EmailNotVerified);
+        let mut c = ok.clone();
+        c["hd"] = "evil.example".into();
+        assert_eq!(user(c).unwrap_err(), OidcError::ClaimRule("hd".into()));
+        let mut c = ok.clone();
+        c["email"] = "internal:client:lab:dev:uid".into();
+        assert_eq!(user(c).unwrap_err(), OidcError::InternalPrefix);
+        let mut c = ok;
+        c.as_object_mut().unwrap().remove("email");
+        assert_eq!(user(c).unwrap_err(), OidcError::NoUsername("email".into()));
+    }
+
+    #[test]
     fn unverified_issuer_reads_only_the_payload() {
         let p = B64.encode(br#"{"iss":"https://a"}"#);
         assert_eq!(
