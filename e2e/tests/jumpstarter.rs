@@ -911,23 +911,49 @@ async fn create_client(lab: &Lab, name: &str, username: &str) {
     api.create(&Default::default(), &c).await.unwrap();
 }
 
-/// ClientService.ListExporters as the Client `name` with `token`: the exporter names.
+/// ClientService.ListExporters as the Client `name` with `token`: the exporter names. On a
+/// runtime of its own that ends with the call, so its connection is closed at once (a connection
+/// left open would hold up the manager's graceful stop when the lab is dropped).
 async fn list_as(lab: &Lab, token: &str, name: &str) -> Result<Vec<String>, tonic::Status> {
     use ucm::exporter::proto::jumpstarter::client::v1 as cpb;
-    let mut svc = cpb::client_service_client::ClientServiceClient::new(channel(lab).await);
-    let req = cpb::ListExportersRequest {
-        parent: format!("namespaces/{}", lab.env.ns),
-        ..Default::default()
-    };
-    svc.list_exporters(authed(req, token, "Client", &lab.env.ns, name))
-        .await
-        .map(|r| {
-            r.into_inner()
-                .exporters
-                .into_iter()
-                .map(|e| e.name.rsplit('/').next().unwrap_or_default().to_string())
-                .collect()
+    let (port, cert, ns) = (lab.grpc_port, lab.cert.clone(), lab.env.ns.clone());
+    let (token, name) = (token.to_string(), name.to_string());
+    tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+            let ch = Endpoint::from_shared(format!("https://localhost:{port}"))
+                .unwrap()
+                .tls_config(
+                    ClientTlsConfig::new()
+                        .ca_certificate(Certificate::from_pem(&cert))
+                        .domain_name("localhost"),
+                )
+                .unwrap()
+                .connect()
+                .await
+                .expect("connect to the controller gRPC port");
+            let mut svc = cpb::client_service_client::ClientServiceClient::new(ch);
+            let req = cpb::ListExportersRequest {
+                parent: format!("namespaces/{ns}"),
+                ..Default::default()
+            };
+            svc.list_exporters(authed(req, &token, "Client", &ns, &name))
+                .await
+                .map(|r| {
+                    r.into_inner()
+                        .exporters
+                        .into_iter()
+                        .map(|e| e.name.rsplit('/').next().unwrap_or_default().to_string())
+                        .collect()
+                })
         })
+    })
+    .await
+    .unwrap()
 }
 
 /// A ServiceAccount in the lab's namespace and a token the API server issued for it.
@@ -1229,6 +1255,9 @@ async fn oidc_jmp_login_lease_and_refusals() {
         assert!(!logs.contains(sig), "{what} appears in the manager log");
     }
     eprintln!("Keycloak start-up took {:?}", kc.startup);
+    let stopping = Instant::now();
+    drop(lab);
+    eprintln!("lab stopped in {:?}", stopping.elapsed());
 }
 
 /// Issue 19: with `provisioning.enabled`, a signed-in user naming a Client that does not exist
@@ -1312,6 +1341,9 @@ async fn oidc_provisioning_and_service_account_tokens() {
         !lab.mgr.logs().contains(sa.rsplit('.').next().unwrap()),
         "the SA token appears in the manager log"
     );
+    let stopping = Instant::now();
+    drop(lab);
+    eprintln!("lab stopped in {:?}", stopping.elapsed());
 }
 
 /// One claim of a JWT (test-side decoding, no verification).
