@@ -90,6 +90,14 @@ impl Keycloak {
                     format!("--http-management-port={mgmt}"),
                 ])
                 .env("JAVA_HOME", java_home.trim())
+                // Its transaction log in this run's directory, not the shared distribution's.
+                .env(
+                    "JAVA_OPTS_APPEND",
+                    format!(
+                        "-Dquarkus.transaction-manager.object-store.directory={}",
+                        dir.join("transaction-logs").display()
+                    ),
+                )
                 .env("KC_BOOTSTRAP_ADMIN_USERNAME", "admin")
                 .env("KC_BOOTSTRAP_ADMIN_PASSWORD", &admin_password)
                 .process_group(0)
@@ -103,9 +111,10 @@ impl Keycloak {
         let watchdog = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill -KILL -- -{pg} 2>/dev/null",
+                "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill -KILL -- -{pg} 2>/dev/null; sleep 1; rm -rf '{dir}'",
                 me = std::process::id(),
-                pg = child.id()
+                pg = child.id(),
+                dir = dir.display()
             ))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
