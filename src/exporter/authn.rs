@@ -94,7 +94,11 @@ impl Authn {
             .iter()
             .find(|v| iss.as_deref().map(|i| i.trim_end_matches('/')) == Some(&v.config.issuer))
         {
-            let username = v.verify(tok, &self.prefix).await.map_err(refused)?;
+            // An unreachable issuer is a retryable outage, not a verdict on the token.
+            let username = v.verify(tok, &self.prefix).await.map_err(|e| match e {
+                oidc::OidcError::Keys(_) => Status::unavailable(format!("{e}; retry later")),
+                e => refused(e),
+            })?;
             return Ok(Identity {
                 username,
                 holder: None,

@@ -379,6 +379,8 @@ pub fn unverified_issuer(token: &str) -> Option<String> {
 struct KeyCache {
     keys: Vec<Jwk>,
     fetched: Option<Instant>,
+    /// Why the last fetch failed (cleared by a successful one).
+    error: Option<String>,
 }
 
 /// One issuer's verifier with its key cache.
@@ -507,10 +509,10 @@ impl Verifier {
             .fetched
             .is_none_or(|t| t.elapsed() >= REFRESH_MIN_INTERVAL);
         if !found.is_empty() || !may_fetch {
-            return if found.is_empty() {
-                Err(OidcError::UnknownKey)
-            } else {
-                Ok(found)
+            return match (found.is_empty(), &cache.error) {
+                (false, _) => Ok(found),
+                (true, Some(e)) if cache.keys.is_empty() => Err(OidcError::Keys(e.clone())),
+                (true, _) => Err(OidcError::UnknownKey),
             };
         }
         cache.fetched = Some(Instant::now());
@@ -518,9 +520,11 @@ impl Verifier {
             Ok(keys) => {
                 tracing::info!(issuer = %self.config.issuer, keys = keys.len(), "fetched the issuer's signing keys");
                 cache.keys = keys;
+                cache.error = None;
             }
             Err(e) => {
                 tracing::warn!(issuer = %self.config.issuer, error = %e, "cannot fetch the issuer's signing keys");
+                cache.error = Some(e.clone());
                 if cache.keys.is_empty() {
                     return Err(OidcError::Keys(e));
                 }
@@ -719,6 +723,39 @@ mod tests {
         let mut c = ok;
         c.as_object_mut().unwrap().remove("email");
         assert_eq!(user(c).unwrap_err(), OidcError::NoUsername("email".into()));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_issuer_is_reported_and_not_refetched_at_once() {
+        let yaml = "- issuer: {url: 'https://127.0.0.1:1/realms/x', audiences: [x]}\n  claimMappings: {username: {claim: sub, prefix: ''}}\n";
+        let v = Verifier::new(parse(yaml).unwrap().remove(0)).unwrap();
+        let token = format!(
+            "{}.{}.c2ln",
+            B64.encode(br#"{"alg":"RS256","kid":"k1"}"#),
+            B64.encode(br#"{"iss":"https://127.0.0.1:1/realms/x"}"#)
+        );
+        for _ in 0..2 {
+            let e = v.verify(&token, "internal:").await.unwrap_err();
+            assert!(
+                matches!(e, OidcError::Keys(ref m) if m.contains("127.0.0.1:1")),
+                "{e:?}"
+            );
+        }
+        let fetched = v.cache.lock().await.fetched.unwrap();
+        assert!(
+            fetched.elapsed() < REFRESH_MIN_INTERVAL,
+            "one fetch, then the cached error"
+        );
+        let none = format!("{}.e30.c2ln", B64.encode(br#"{"alg":"none"}"#));
+        assert_eq!(
+            v.verify(&none, "internal:").await.unwrap_err(),
+            OidcError::Malformed
+        );
+        let hs = format!("{}.e30.c2ln", B64.encode(br#"{"alg":"HS256"}"#));
+        assert_eq!(
+            v.verify(&hs, "internal:").await.unwrap_err(),
+            OidcError::Algorithm
+        );
     }
 
     #[test]
