@@ -1444,7 +1444,7 @@ async fn oidc_config_invalid_forms_are_reported() {
         ),
         (
             format!(
-                "{}  - issuer: {{url: https://kc.example/, audiences: [y]}}\n    {user}\n",
+                "{}  - issuer: {{url: https://kc.example, audiences: [y]}}\n    {user}\n",
                 jwt(&format!(
                     "issuer: {{url: https://kc.example, audiences: [x]}}\n    {user}"
                 ))

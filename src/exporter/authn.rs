@@ -92,7 +92,7 @@ impl Authn {
         if let Some(v) = self
             .jwt
             .iter()
-            .find(|v| iss.as_deref().map(|i| i.trim_end_matches('/')) == Some(&v.config.issuer))
+            .find(|v| iss.as_deref() == Some(v.config.issuer.as_str()))
         {
             // An unreachable issuer is a retryable outage, not a verdict on the token.
             let username = v.verify(tok, &self.prefix).await.map_err(|e| match e {

@@ -178,7 +178,8 @@ pub fn validate(
     let mut out: Vec<JwtAuthenticator> = Vec::new();
     for (i, a) in raw.into_iter().enumerate() {
         let f = |name: &str| format!("{field}[{i}].{name}");
-        let url = a.issuer.url.trim_end_matches('/').to_string();
+        // Exact, as Kubernetes compares it with `iss` (Auth0's issuers end in a slash).
+        let url = a.issuer.url.clone();
         if a.issuer.url.is_empty() {
             return Err(format!("{} is required", f("issuer.url")));
         }
@@ -197,7 +198,10 @@ pub fn validate(
                 check_url(&f("issuer.discoveryURL"), &d)?;
                 d
             }
-            None => format!("{url}/.well-known/openid-configuration"),
+            None => format!(
+                "{}/.well-known/openid-configuration",
+                url.trim_end_matches('/')
+            ),
         };
         if a.issuer.audiences.is_empty() || a.issuer.audiences.iter().any(String::is_empty) {
             return Err(format!(
@@ -474,7 +478,7 @@ impl Verifier {
     /// are skipped (Keycloak publishes an RSA-OAEP key next to its signing keys).
     async fn fetch_keys(&self) -> Result<Vec<Jwk>, String> {
         let d: Discovery = self.get_json(&self.config.discovery_url).await?;
-        if d.issuer.trim_end_matches('/') != self.config.issuer {
+        if d.issuer != self.config.issuer {
             return Err(format!(
                 "the discovery document names issuer {:?}, not {:?}",
                 d.issuer, self.config.issuer
@@ -643,6 +647,13 @@ mod tests {
             ("email", "")
         );
         assert_eq!(e.required_claims["hd"], "example.com");
+        // The URL is kept exactly (it must equal `iss`); discovery gets one slash.
+        let slash = &parse("- issuer: {url: 'https://tenant.auth0.com/', audiences: [x]}\n  claimMappings: {username: {claim: sub, prefix: ''}}\n").unwrap()[0];
+        assert_eq!(slash.issuer, "https://tenant.auth0.com/");
+        assert_eq!(
+            slash.discovery_url,
+            "https://tenant.auth0.com/.well-known/openid-configuration"
+        );
     }
 
     #[test]
