@@ -1398,9 +1398,9 @@ async fn oidc_config_invalid_forms_are_reported() {
         ),
         (
             jwt(&format!(
-                "issuer: {{url: https://kc.example, audiences: [x], certificateAuthority: \"-----BEGIN CERTIFICATE-----\\nnot base64\\n-----END CERTIFICATE-----\\n\"}}\n    {user}"
+                "issuer: {{url: https://kc.example, audiences: [x], certificateAuthority: \"-----BEGIN CERTIFICATE-----\\nbm90IGEgY2VydA==\\n-----END CERTIFICATE-----\\n\"}}\n    {user}"
             )),
-            "authentication.jwt[0].issuer.certificateAuthority: no PEM certificate found",
+            "authentication.jwt[0].issuer.certificateAuthority: not a usable certificate",
         ),
         (
             jwt(

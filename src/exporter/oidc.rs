@@ -153,20 +153,21 @@ fn certificate_authority(field: &str, value: &str) -> Result<String, String> {
         std::fs::read_to_string(value)
             .map_err(|e| format!("{field}: neither PEM nor a readable file ({e})"))?
     };
-    let mut reader = std::io::BufReader::new(pem.as_bytes());
-    let certs = rustls_pemfile_certs(&mut reader);
-    if certs == 0 {
+    // Checked as the HTTPS client will use it, so a bad bundle is a config error, not a gRPC
+    // server that cannot start.
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        let c = c.map_err(|e| format!("{field}: {e}"))?;
+        roots
+            .add(c)
+            .map_err(|e| format!("{field}: not a usable certificate ({e})"))?;
+    }
+    if roots.is_empty() {
         return Err(format!("{field}: no PEM certificate found"));
     }
     Ok(pem)
-}
-
-fn rustls_pemfile_certs(reader: &mut dyn std::io::BufRead) -> usize {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    CertificateDer::pem_reader_iter(reader)
-        .filter(|c| c.is_ok())
-        .count()
 }
 
 /// Validates `authentication.jwt` (`field` is its path in the ConfigMap, for messages).
