@@ -107,11 +107,12 @@ impl Keycloak {
                 .spawn()
                 .expect("start Keycloak")
         };
-        // The group dies with this process (a static is never dropped).
+        // The group dies with this process (a static is never dropped). `kill -9 -PGID`: dash's
+        // kill takes neither `--` nor `-s` before a negative pid.
         let watchdog = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill -KILL -- -{pg} 2>/dev/null; sleep 1; rm -rf '{dir}'",
+                "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill -9 -{pg} 2>/dev/null; sleep 1; rm -rf '{dir}'",
                 me = std::process::id(),
                 pg = child.id(),
                 dir = dir.display()
