@@ -4,13 +4,15 @@
 //! the defaults. Pure: the caller reads the ConfigMap.
 //!
 //! The reconcilers use `authentication.internal.tokenLifetime`; the rest is parsed and validated
-//! here for the gRPC service (prefix, routers, keepalive, lease policy, labels, telemetry).
+//! here for the gRPC service (prefix, external issuers, ServiceAccount tokens, provisioning,
+//! routers, keepalive, lease policy, labels, telemetry).
 
 use std::collections::BTreeMap;
 
 use jiff::SignedDuration;
 use serde::Deserialize;
 
+use super::oidc::{self, JwtAuthenticator, RawJwtAuthenticator};
 use super::token::DEFAULT_PREFIX;
 use crate::godur;
 
@@ -26,11 +28,11 @@ pub struct ControllerConfig {
     pub prefix: String,
     /// `authentication.internal.tokenLifetime`: lifetime of minted Exporter and Client tokens.
     pub token_lifetime: SignedDuration,
-    /// `authentication.k8s.enabled` (ServiceAccount tokens: a later goal).
+    /// `authentication.k8s.enabled`: tokens the API server accepts (TokenReview).
     pub k8s_auth: bool,
-    /// Number of `authentication.jwt[]` entries (external JWT authenticators: a later goal).
-    pub jwt_authenticators: usize,
-    /// `provisioning.enabled` (Client auto-provisioning: a later goal).
+    /// `authentication.jwt[]`: external OIDC issuers.
+    pub jwt: Vec<JwtAuthenticator>,
+    /// `provisioning.enabled`: an external identity naming a missing Client gets one.
     pub provisioning: bool,
     pub keepalive: Keepalive,
     /// `leasePolicy.maxTags` (10 when unset or 0).
@@ -51,7 +53,7 @@ impl Default for ControllerConfig {
             prefix: DEFAULT_PREFIX.to_string(),
             token_lifetime: DEFAULT_TOKEN_LIFETIME,
             k8s_auth: false,
-            jwt_authenticators: 0,
+            jwt: Vec::new(),
             provisioning: false,
             keepalive: Keepalive::default(),
             max_tags: DEFAULT_MAX_TAGS,
@@ -134,9 +136,9 @@ struct RawAuthentication {
     internal: Option<RawInternal>,
     #[serde(default)]
     k8s: Option<RawK8s>,
-    /// apiserver `JWTAuthenticator`s; not interpreted yet (spec §7.2 rule 7).
+    /// apiserver `JWTAuthenticator`s (see [`oidc`]).
     #[serde(default)]
-    jwt: Option<Vec<serde_yaml::Value>>,
+    jwt: Option<Vec<RawJwtAuthenticator>>,
 }
 
 /// The legacy key `authentication`: upstream's `AuthenticationConfiguration` document.
@@ -152,7 +154,7 @@ struct RawLegacyAuthentication {
     #[serde(default)]
     internal: Option<RawLegacyInternal>,
     #[serde(default)]
-    jwt: Option<Vec<serde_yaml::Value>>,
+    jwt: Option<Vec<RawJwtAuthenticator>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -330,26 +332,10 @@ pub fn parse(
             {
                 cfg.prefix = p;
             }
-            cfg.jwt_authenticators = legacy.jwt.map_or(0, |j| j.len());
+            cfg.jwt = oidc::validate("jwt", legacy.jwt.unwrap_or_default(), &cfg.prefix)
+                .map_err(|e| format!("ConfigMap {CONFIGMAP}, key authentication: {e}"))?;
         }
         (None, None) => {}
-    }
-
-    if cfg.jwt_authenticators > 0 {
-        warnings.push(format!(
-            "ConfigMap {CONFIGMAP}: {} external JWT authenticator(s) configured; they are not supported yet and are ignored",
-            cfg.jwt_authenticators
-        ));
-    }
-    if cfg.k8s_auth {
-        warnings.push(format!(
-            "ConfigMap {CONFIGMAP}: authentication.k8s.enabled is not supported yet and is ignored"
-        ));
-    }
-    if cfg.provisioning {
-        warnings.push(format!(
-            "ConfigMap {CONFIGMAP}: provisioning.enabled is not supported yet and is ignored"
-        ));
     }
     Ok(Loaded {
         config: cfg,
@@ -379,7 +365,12 @@ fn apply_config(
         cfg.token_lifetime = lifetime;
     }
     cfg.k8s_auth = auth.k8s.and_then(|k| k.enabled).unwrap_or(false);
-    cfg.jwt_authenticators = auth.jwt.map_or(0, |j| j.len());
+    cfg.jwt = oidc::validate(
+        "authentication.jwt",
+        auth.jwt.unwrap_or_default(),
+        &cfg.prefix,
+    )
+    .map_err(|e| format!("ConfigMap {CONFIGMAP}, key config: {e}"))?;
     cfg.provisioning = raw.provisioning.and_then(|p| p.enabled).unwrap_or(false);
 
     let ka = raw.grpc.and_then(|g| g.keepalive).unwrap_or_default();
@@ -701,13 +692,13 @@ telemetry:
     fn legacy_authentication_key_is_accepted() {
         let l = ok(&[(
             "authentication",
-            "apiVersion: jumpstarter.dev/v1alpha1\nkind: AuthenticationConfiguration\ninternal:\n  prefix: \"old:\"\njwt:\n- issuer:\n    url: https://dex.example.com\n    audiences: [jumpstarter]\n",
+            "apiVersion: jumpstarter.dev/v1alpha1\nkind: AuthenticationConfiguration\ninternal:\n  prefix: \"old:\"\njwt:\n- issuer:\n    url: https://dex.example.com\n    audiences: [jumpstarter]\n  claimMappings:\n    username:\n      claim: email\n      prefix: \"dex:\"\n",
         )]);
         assert_eq!(l.config.prefix, "old:");
         assert_eq!(l.config.token_lifetime, DEFAULT_TOKEN_LIFETIME);
-        assert_eq!(l.config.jwt_authenticators, 1);
-        assert_eq!(l.warnings.len(), 1, "{:?}", l.warnings);
-        assert!(l.warnings[0].contains("not supported yet"));
+        assert_eq!(l.config.jwt.len(), 1);
+        assert_eq!(l.config.jwt[0].issuer, "https://dex.example.com");
+        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
         // Strict too.
         let e = err(&[("authentication", "internal:\n  tokenLifetime: 1h\n")]);
         assert!(e.contains("key authentication"), "{e}");
@@ -724,12 +715,21 @@ telemetry:
     }
 
     #[test]
-    fn unsupported_authentication_settings_warn() {
+    fn authentication_settings_are_read() {
         let l = ok(&[(
             "config",
-            "authentication:\n  k8s:\n    enabled: true\n  jwt:\n  - issuer: {url: https://a}\nprovisioning:\n  enabled: true\n",
+            "authentication:\n  k8s:\n    enabled: true\n  jwt:\n  - issuer: {url: https://a, audiences: [x]}\n    claimMappings: {username: {claim: sub, prefix: 'a:'}}\nprovisioning:\n  enabled: true\n",
         )]);
-        assert_eq!(l.warnings.len(), 3, "{:?}", l.warnings);
+        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
         assert!(l.config.k8s_auth && l.config.provisioning);
+        assert_eq!(l.config.jwt[0].username_prefix, "a:");
+        let e = err(&[(
+            "config",
+            "authentication:\n  jwt:\n  - issuer: {url: https://a}\n",
+        )]);
+        assert!(
+            e.starts_with("ConfigMap jumpstarter-controller, key config: authentication.jwt[0].issuer.audiences"),
+            "{e}"
+        );
     }
 }

@@ -5,13 +5,16 @@
 //! `lease_logic`, `selector`, `settings`, `config`. IO: `reconcile`, `signing`,
 //! `startup`.
 
+pub mod authn;
 pub mod client_status;
 pub mod config;
 pub mod exporter_status;
 pub mod grpc;
 pub mod lease_hooks;
 pub mod lease_logic;
+pub mod login;
 pub mod metrics;
+pub mod oidc;
 pub mod own_writes;
 pub mod proto;
 pub mod reconcile;
@@ -82,6 +85,8 @@ pub fn rbac() -> Vec<PolicyRule> {
         ),
         rule(&[""], &["secrets"], ALL),
         rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+        // `authentication.k8s.enabled`: ServiceAccount tokens are checked with a TokenReview.
+        rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
     ]
 }
 
@@ -303,6 +308,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
 
     futures::join!(
         grpc::run(rt.clone(), ctx.clone()),
+        login::run(rt.clone(), ctx.clone()),
         run(
             &rt,
             "exporter",

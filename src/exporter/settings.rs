@@ -45,6 +45,14 @@ pub struct Args {
     /// Minimum spacing of heartbeat `lastSeen` writes (default T/3, at most T/2; gRPC service).
     #[arg(long = "exporter-heartbeat-interval")]
     pub heartbeat_interval: Option<String>,
+    /// Listen address of the login service (`/v1/auth/config` for `jmp login`, served by every
+    /// replica); "0" disables it.
+    #[arg(long = "exporter-login-bind-address", default_value = ":8086")]
+    pub login_bind_address: String,
+    /// Namespace the login service tells `jmp login` to use (default: the watched namespace, else
+    /// the manager's).
+    #[arg(long = "exporter-login-namespace")]
+    pub login_namespace: Option<String>,
 }
 
 /// Where the signing key comes from (rule 4.1.7).
@@ -64,6 +72,9 @@ pub struct Settings {
     pub grpc_bind_address: crate::runtime::cli::BindAddress,
     pub router_endpoint: String,
     pub heartbeat_interval: SignedDuration,
+    /// The login service: where it listens and the namespace it advertises.
+    pub login_bind_address: crate::runtime::cli::BindAddress,
+    pub login_namespace: Option<String>,
     /// The `jumpstarter-controller` ConfigMap (defaults until [`Settings::with_config`]).
     pub config: ControllerConfig,
 }
@@ -138,7 +149,11 @@ impl Settings {
         {
             return Err("--exporter-heartbeat-interval must be positive and at most half the offline threshold".into());
         }
+        let login_bind_address = crate::runtime::cli::parse_bind_address(&args.login_bind_address)
+            .map_err(|e| format!("--exporter-login-bind-address: {e}"))?;
         Ok(Settings {
+            login_bind_address,
+            login_namespace: args.login_namespace.clone().filter(|n| !n.is_empty()),
             grpc_bind_address,
             router_endpoint: args.router_endpoint.clone(),
             heartbeat_interval,
@@ -184,6 +199,10 @@ mod tests {
         assert_eq!(
             s.grpc_bind_address,
             crate::runtime::cli::parse_bind_address(":8082").unwrap()
+        );
+        assert_eq!(
+            s.login_bind_address,
+            crate::runtime::cli::parse_bind_address(":8086").unwrap()
         );
     }
 

@@ -1,13 +1,17 @@
 //! Caller authentication and authorization (spec §7.2): exactly one `authorization: Bearer <jwt>`
-//! verified with the signing key, the `jumpstarter-namespace/kind/name` metadata, and the named
-//! object's accepted usernames. Errors never carry token text, Secret names or Kubernetes errors.
+//! verified by [`Authn`] (internal, external issuers, TokenReview), the
+//! `jumpstarter-namespace/kind/name` metadata, and the named object's accepted usernames; with
+//! `provisioning.enabled`, a missing Client is created for an external identity (as upstream's
+//! `BasicAuthorizer`). Errors never carry token text, Secret names or Kubernetes errors.
 
 use jiff::Timestamp;
 use kube::{Api, Resource, ResourceExt};
 use tonic::{Request, Status};
 
-use super::super::token::{self, SigningKey};
-use super::super::types::{Client, Exporter};
+use super::super::authn::{Authn, Identity};
+use super::super::reconcile::Ctx;
+use super::super::token;
+use super::super::types::{Client, ClientSpec, Exporter};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -56,17 +60,8 @@ pub fn bearer<T>(req: &Request<T>) -> Result<&str, Status> {
     }
 }
 
-/// The pure part: token and metadata. Returns the caller and the username from the token.
-pub fn identify<T>(
-    key: &SigningKey,
-    prefix: &str,
-    req: &Request<T>,
-    watched: Option<&str>,
-    now: Timestamp,
-) -> Result<(Caller, String, Option<String>), Status> {
-    let tok = bearer(req)?;
-    let claims = token::verify(key, tok, now)
-        .map_err(|e| Status::unauthenticated(format!("authentication failed: {e}")))?;
+/// The metadata part (rule 7.2.2): which object the caller claims to be.
+pub fn caller<T>(req: &Request<T>, watched: Option<&str>) -> Result<Caller, Status> {
     let namespace = one_md(req, "jumpstarter-namespace")?.to_string();
     let kind = match one_md(req, "jumpstarter-kind")? {
         "Exporter" => Kind::Exporter,
@@ -83,15 +78,23 @@ pub fn identify<T>(
             "namespace {namespace} is not served by this controller"
         )));
     }
-    Ok((
-        Caller {
-            namespace,
-            name,
-            kind,
-        },
-        format!("{prefix}{}", claims.sub),
-        claims.holder,
-    ))
+    Ok(Caller {
+        namespace,
+        name,
+        kind,
+    })
+}
+
+/// Token and metadata: the caller and who presented the token.
+pub async fn identify<T>(
+    authn: &Authn,
+    req: &Request<T>,
+    watched: Option<&str>,
+    now: Timestamp,
+) -> Result<(Caller, Identity), Status> {
+    let tok = bearer(req)?;
+    let identity = authn.authenticate(tok, now).await?;
+    Ok((caller(req, watched)?, identity))
 }
 
 /// A token ucm minted names the object it was minted for (its holder); it must be this one, so
@@ -133,14 +136,13 @@ fn accepted<K: Resource<DynamicType = ()>>(
 
 /// Full check (rules 7.2.1–7.2.5): `allowed` lists the kinds the RPC accepts.
 pub async fn authorize<T>(
-    client: &kube::Client,
-    key: &SigningKey,
-    prefix: &str,
+    ctx: &Ctx,
+    authn: &Authn,
     watched: Option<&str>,
     req: &Request<T>,
     allowed: &[Kind],
 ) -> Result<Caller, Status> {
-    let (caller, username, holder) = identify(key, prefix, req, watched, Timestamp::now())?;
+    let (caller, identity) = identify(authn, req, watched, Timestamp::now()).await?;
     if !allowed.contains(&caller.kind) {
         return Err(Status::permission_denied(format!(
             "this call is not available to a {:?}",
@@ -153,15 +155,17 @@ pub async fn authorize<T>(
             caller.kind, caller.namespace, caller.name
         ))
     };
+    let prefix = authn.prefix();
+    let holder = identity.holder.as_deref();
     let names = match caller.kind {
         Kind::Exporter => {
-            let api: Api<Exporter> = Api::namespaced(client.clone(), &caller.namespace);
+            let api: Api<Exporter> = Api::namespaced(ctx.client.clone(), &caller.namespace);
             let obj = api
                 .get_opt(&caller.name)
                 .await
                 .map_err(|_| Status::unavailable("cannot read the caller's object"))?
                 .ok_or_else(denied)?;
-            if !holds(holder.as_deref(), "exporter", &caller.namespace, &obj) {
+            if !holds(holder, "exporter", &caller.namespace, &obj) {
                 return Err(denied());
             }
             accepted(
@@ -173,13 +177,19 @@ pub async fn authorize<T>(
             )
         }
         Kind::Client => {
-            let api: Api<Client> = Api::namespaced(client.clone(), &caller.namespace);
-            let obj = api
+            let api: Api<Client> = Api::namespaced(ctx.client.clone(), &caller.namespace);
+            let found = api
                 .get_opt(&caller.name)
                 .await
-                .map_err(|_| Status::unavailable("cannot read the caller's object"))?
-                .ok_or_else(denied)?;
-            if !holds(holder.as_deref(), "client", &caller.namespace, &obj) {
+                .map_err(|_| Status::unavailable("cannot read the caller's object"))?;
+            let obj = match found {
+                Some(obj) => obj,
+                None if ctx.settings.config.provisioning && !identity.internal => {
+                    provision(ctx, &api, &caller, &identity.username).await?
+                }
+                None => return Err(denied()),
+            };
+            if !holds(holder, "client", &caller.namespace, &obj) {
                 return Err(denied());
             }
             accepted(
@@ -191,16 +201,57 @@ pub async fn authorize<T>(
             )
         }
     };
-    if names.contains(&username) {
+    if names.contains(&identity.username) {
         Ok(caller)
     } else {
         Err(denied())
     }
 }
 
+/// `provisioning.enabled`: the Client the caller names, for its username. A concurrent first
+/// call may create it first; then the existing one is judged as usual.
+async fn provision(
+    ctx: &Ctx,
+    api: &Api<Client>,
+    caller: &Caller,
+    username: &str,
+) -> Result<Client, Status> {
+    let client = Client {
+        metadata: kube::api::ObjectMeta {
+            name: Some(caller.name.clone()),
+            namespace: Some(caller.namespace.clone()),
+            ..Default::default()
+        },
+        spec: ClientSpec {
+            username: Some(username.to_string()),
+        },
+        status: None,
+    };
+    match ctx.writer.create(api, &client).await {
+        Ok(created) => {
+            tracing::info!(client = %caller.name, namespace = %caller.namespace, %username,
+                "provisioned a Client for an authenticated identity");
+            Ok(created)
+        }
+        Err(e) if e.is_conflict() => api
+            .get_opt(&caller.name)
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| Status::unavailable("cannot read the caller's object")),
+        Err(e) => {
+            tracing::warn!(client = %caller.name, namespace = %caller.namespace, error = %e,
+                "cannot provision a Client");
+            Err(Status::unavailable(
+                "cannot provision the Client; retry later",
+            ))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::super::token::DEFAULT_PREFIX;
+    use super::super::super::token::{DEFAULT_PREFIX, SigningKey};
     use super::*;
     use jiff::SignedDuration;
 
@@ -222,10 +273,18 @@ mod tests {
         ("jumpstarter-name", "e1"),
     ];
 
-    #[test]
-    fn codes_as_upstream_and_no_token_text() {
+    fn authn(key: &SigningKey) -> Authn {
+        let offline =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        Authn::new(key.clone(), &Default::default(), &offline).unwrap()
+    }
+
+    #[tokio::test]
+    async fn codes_as_upstream_and_no_token_text() {
         let key = SigningKey::from_seed("a").unwrap();
         let other = SigningKey::from_seed("b").unwrap();
+        let authn = authn(&key);
         let now = Timestamp::now();
         let (good, _) = token::mint(
             &key,
@@ -245,35 +304,36 @@ mod tests {
             now - SignedDuration::from_hours(2),
             SignedDuration::from_hours(1),
         );
-        let (c, user, _) =
-            identify(&key, DEFAULT_PREFIX, &req(Some(&good), MD), None, now).unwrap();
+        let (c, who) = identify(&authn, &req(Some(&good), MD), None, now)
+            .await
+            .unwrap();
         assert_eq!(
-            (c.kind, c.name.as_str(), user.as_str()),
-            (Kind::Exporter, "e1", "internal:exporter:lab:e1:u")
+            (c.kind, c.name.as_str(), who.username.as_str(), who.internal),
+            (Kind::Exporter, "e1", "internal:exporter:lab:e1:u", true)
         );
-        let code = |r: Request<()>, w: Option<&str>| {
-            identify(&key, DEFAULT_PREFIX, &r, w, now).unwrap_err()
-        };
+        assert_eq!(authn.prefix(), DEFAULT_PREFIX);
+        let code =
+            async |r: Request<()>, w: Option<&str>| identify(&authn, &r, w, now).await.unwrap_err();
         assert_eq!(
-            code(req(None, MD), None).code(),
+            code(req(None, MD), None).await.code(),
             tonic::Code::Unauthenticated
         );
         for bad in [&foreign, &expired] {
-            let e = code(req(Some(bad), MD), None);
+            let e = code(req(Some(bad), MD), None).await;
             assert_eq!(e.code(), tonic::Code::Unauthenticated);
             assert!(!e.message().contains(bad.as_str()));
         }
         assert_eq!(
-            code(req(Some(&good), &MD[..2]), None).code(),
+            code(req(Some(&good), &MD[..2]), None).await.code(),
             tonic::Code::InvalidArgument
         );
         assert_eq!(
-            code(req(Some(&good), MD), Some("elsewhere")).code(),
+            code(req(Some(&good), MD), Some("elsewhere")).await.code(),
             tonic::Code::PermissionDenied
         );
         let mut two = req(Some(&good), MD);
         two.metadata_mut()
             .append("authorization", "Bearer x".parse().unwrap());
-        assert_eq!(code(two, None).code(), tonic::Code::InvalidArgument);
+        assert_eq!(code(two, None).await.code(), tonic::Code::InvalidArgument);
     }
 }

@@ -16,6 +16,7 @@ use serde_json::json;
 use tonic::{Request, Response, Status};
 use tracing::{debug, info};
 
+use super::super::authn::Authn;
 use super::super::lease_logic::ENDED_LABEL;
 use super::super::proto::jumpstarter::client::v1 as cpb;
 use super::super::reconcile::{Ctx, status_merge_patch};
@@ -28,6 +29,7 @@ use crate::runtime::WriteError;
 pub struct ClientApi {
     pub ctx: Arc<Ctx>,
     pub watched: Option<String>,
+    pub authn: Arc<Authn>,
 }
 
 /// A read failure: NotFound keeps its meaning, anything else is retryable.
@@ -100,16 +102,19 @@ pub fn lease_name(lease_id: &str) -> String {
 }
 
 impl ClientApi {
-    pub fn new(ctx: Arc<Ctx>, watched: Option<String>) -> Self {
-        ClientApi { ctx, watched }
+    pub fn new(ctx: Arc<Ctx>, watched: Option<String>, authn: Arc<Authn>) -> Self {
+        ClientApi {
+            ctx,
+            watched,
+            authn,
+        }
     }
 
     /// Authenticates a Client of `namespace` (the namespace named by the request).
     async fn caller<T>(&self, req: &Request<T>, namespace: &str) -> Result<Caller, Status> {
         let caller = auth::authorize(
-            &self.ctx.client,
-            &self.ctx.key,
-            &self.ctx.settings.config.prefix,
+            &self.ctx,
+            &self.authn,
             self.watched.as_deref(),
             req,
             &[Kind::Client],

@@ -18,6 +18,7 @@ use tonic::metadata::{BinaryMetadataValue, MetadataValue};
 use tonic::{Request, Response, Status};
 use tracing::{debug, warn};
 
+use super::super::authn::Authn;
 use super::super::config;
 use super::super::exporter_status;
 use super::super::lease_hooks::{self, HOOK_ON_FAILURE_MD, HOOK_PHASE_MD};
@@ -41,6 +42,7 @@ pub struct Controller {
     pub watched: Option<String>,
     pub router_key: RouterKey,
     pub router_endpoint: String,
+    pub authn: Arc<Authn>,
     /// (namespace, lease) → queue of the current Listen stream (rule 7.5.5).
     listeners: Mutex<HashMap<(String, String), ListenTx>>,
     /// Cancelled when this serving session ends (leadership lost, shutdown): ends every stream
@@ -67,12 +69,14 @@ impl Controller {
         watched: Option<String>,
         router_key: RouterKey,
         router_endpoint: String,
+        authn: Arc<Authn>,
     ) -> Self {
         Controller {
             ctx,
             watched,
             router_key,
             router_endpoint,
+            authn,
             listeners: Default::default(),
             stop: tokio_util::sync::CancellationToken::new(),
             liveness: Liveness::default(),
@@ -80,15 +84,7 @@ impl Controller {
     }
 
     async fn auth<T>(&self, req: &Request<T>, kinds: &[Kind]) -> Result<Caller, Status> {
-        let r = auth::authorize(
-            &self.ctx.client,
-            &self.ctx.key,
-            &self.ctx.settings.config.prefix,
-            self.watched.as_deref(),
-            req,
-            kinds,
-        )
-        .await;
+        let r = auth::authorize(&self.ctx, &self.authn, self.watched.as_deref(), req, kinds).await;
         if let Err(e) = &r {
             debug!(code = ?e.code(), "gRPC call refused");
         }

@@ -19,6 +19,7 @@ use kube::api::ObjectMeta;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{error, info};
 
+use super::authn::Authn;
 use super::proto::jumpstarter::client::v1::client_service_server::ClientServiceServer;
 use super::proto::jumpstarter::v1::controller_service_server::ControllerServiceServer;
 use super::reconcile::Ctx;
@@ -36,6 +37,14 @@ pub async fn run(rt: Runtime, ctx: Arc<Ctx>) {
         info!("exporter gRPC server disabled (--exporter-grpc-bind-address=0)");
         return;
     };
+    // Built once, so the issuers' key caches outlive a leadership change.
+    let authn = match Authn::new(ctx.key.clone(), &ctx.settings.config, &ctx.client) {
+        Ok(a) => Arc::new(a),
+        Err(e) => {
+            error!(error = %e, "exporter gRPC server cannot start");
+            return;
+        }
+    };
     let mut leading = rt.leadership.subscribe();
     loop {
         while !*leading.borrow_and_update() {
@@ -44,7 +53,7 @@ pub async fn run(rt: Runtime, ctx: Arc<Ctx>) {
                 r = leading.changed() => if r.is_err() { return },
             }
         }
-        if let Err(e) = serve(&rt, &ctx, addr, leading.clone()).await {
+        if let Err(e) = serve(&rt, &ctx, &authn, addr, leading.clone()).await {
             error!(error = %e, "exporter gRPC server failed; retrying in 5s");
             tokio::select! {
                 _ = rt.shutdown.cancelled() => return,
@@ -116,6 +125,7 @@ async fn certificate(rt: &Runtime, ctx: &Ctx) -> Result<tls::CertPair, String> {
 async fn serve(
     rt: &Runtime,
     ctx: &Arc<Ctx>,
+    authn: &Arc<Authn>,
     addr: std::net::SocketAddr,
     mut leading: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), String> {
@@ -132,10 +142,12 @@ async fn serve(
         rt.config.watch_namespace.clone(),
         router_key,
         ctx.settings.router_endpoint.clone(),
+        authn.clone(),
     ));
     let client_svc = Arc::new(ClientApi::new(
         ctx.clone(),
         rt.config.watch_namespace.clone(),
+        authn.clone(),
     ));
     let (health, health_svc) = tonic_health::server::health_reporter();
     health
