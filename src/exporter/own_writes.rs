@@ -193,9 +193,10 @@ impl Tokens {
         exists: impl Fn(&str, &str) -> bool,
     ) {
         let mut inner = self.inner.lock().expect("lock");
-        inner
-            .tokens
-            .insert((namespace.to_string(), name.to_string()), (rv.to_string(), token));
+        inner.tokens.insert(
+            (namespace.to_string(), name.to_string()),
+            (rv.to_string(), token),
+        );
         if inner.tokens.len() >= inner.prune_at.max(1024) {
             inner.tokens.retain(|(ns, n), _| exists(ns, n));
             inner.prune_at = inner.tokens.len() * 2;
