@@ -196,33 +196,24 @@ async fn ensure_credential(
     policy: &TokenPolicy,
     now: Timestamp,
 ) -> Result<Credential, Error> {
-    match credential_pass(
-        ctx,
-        namespace,
-        secret_name,
-        owner,
-        subject,
-        policy,
-        now,
-        false,
-    )
-    .await
-    {
-        // The cache had not seen the Secret yet (someone created it meanwhile): read it.
-        Err(Error::Write(e)) if e.is_already_exists() => {
-            credential_pass(
-                ctx,
-                namespace,
-                secret_name,
-                owner,
-                subject,
-                policy,
-                now,
-                true,
-            )
-            .await
+    // From the caches first; fresh once if the cache had not seen the Secret yet (someone
+    // created it meanwhile: the create met AlreadyExists).
+    let mut fresh = false;
+    loop {
+        let pass = credential_pass(
+            ctx,
+            namespace,
+            secret_name,
+            owner,
+            subject,
+            policy,
+            now,
+            fresh,
+        );
+        match pass.await {
+            Err(Error::Write(e)) if !fresh && e.is_already_exists() => fresh = true,
+            other => return other,
         }
-        other => other,
     }
 }
 
