@@ -296,8 +296,10 @@ impl Runtime {
     /// `n` streams of its events (after the store applied each), for a primary
     /// ([`Runtime::controller_on`]) or `touched_objects()` mappers. Each consumer reads the very
     /// cache its triggers come from, so a pass never runs on a change its cache lacks. A task
-    /// of its own drives the watch until shutdown; a slow consumer holds it back rather than
-    /// losing events. The store keeps no managedFields.
+    /// of its own drives the watch until shutdown. The queues are unbounded: a consumer that
+    /// waits for this very watch to list (a Controller whose workers wait on
+    /// [`super::Synced`]) must never hold the list back, so a slow consumer's queue grows
+    /// instead. The store keeps no managedFields.
     pub fn reflect_fanout<K>(
         &self,
         name: &'static str,
@@ -310,12 +312,10 @@ impl Runtime {
     {
         let (reader, events) = self.reflected_events(name, api, cfg, false);
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..n)
-            .map(|_| futures::channel::mpsc::channel::<watcher::Event<K>>(1024))
+            .map(|_| futures::channel::mpsc::unbounded::<watcher::Event<K>>())
             .unzip();
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
-            use futures::SinkExt;
-            let mut senders = senders;
             let mut events = std::pin::pin!(events);
             loop {
                 let next = tokio::select! {
@@ -327,9 +327,9 @@ impl Runtime {
                     // The watcher retries on its own backoff; consumers only need events.
                     Some(Err(e)) => warn!(watch = name, error = %e, "watch failed; retrying"),
                     Some(Ok(ev)) => {
-                        for tx in &mut senders {
+                        for tx in &senders {
                             // A consumer that stopped (shutdown) is skipped.
-                            let _ = tx.send(ev.clone()).await;
+                            let _ = tx.unbounded_send(ev.clone());
                         }
                     }
                 }
