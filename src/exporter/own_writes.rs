@@ -109,7 +109,13 @@ fn assigned(name: &str, exporter: &str, spot: bool) -> Lease {
 /// (namespace, name) → the resourceVersions our latest writes replaced (a status write and the
 /// metadata patch after it). A pass that still sees one of them in its cache runs before the
 /// watch delivered our writes (another trigger queued it): its writes would only conflict or
-/// repeat ours, and the writes' own events bring the next pass.
+/// repeat ours, so it skips its work. It cannot count on our writes' own events to bring the
+/// next pass (a status write of ours wakes no Client), and it replaced the timer the writing
+/// pass set, so it looks again shortly ([`STALE_RECHECK`]).
+/// How long a stale pass waits before it looks again: the watch delivers our own write within
+/// milliseconds, and the recheck reads only caches.
+pub const STALE_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
 #[derive(Default)]
 pub struct Replaced {
     inner: Mutex<HashMap<Key, Vec<String>>>,
@@ -131,8 +137,14 @@ impl Replaced {
         }
     }
 
-    /// Our write replaced version `rv` of the object.
-    pub fn note(&self, namespace: &str, name: &str, rv: &str) {
+    /// Our write turned version `replaced` of the object into `written`. A write the API server
+    /// found to change nothing keeps the version: the cache then never moves past it, so it is
+    /// not noted (a pass on it is as fresh as it gets).
+    pub fn note(&self, namespace: &str, name: &str, replaced: &str, written: &str) {
+        if replaced == written {
+            return;
+        }
+        let rv = replaced;
         let mut inner = self.inner.lock().expect("lock");
         // Only an optimisation: an object deleted right after a write leaves its entry, so the
         // map is dropped whole when it grows past any plausible burst.
@@ -375,15 +387,24 @@ mod tests {
     fn a_pass_on_the_version_our_write_replaced_is_stale() {
         let r = Replaced::default();
         assert!(!r.is_stale("lab", "l1", "10"));
-        r.note("lab", "l1", "10");
+        r.note("lab", "l1", "10", "11");
         assert!(r.is_stale("lab", "l1", "10"));
         assert!(!r.is_stale("lab", "l2", "10"));
         // A pass that wrote twice (status, then metadata) replaced two versions.
-        r.note("lab", "l1", "11");
+        r.note("lab", "l1", "11", "12");
         assert!(r.is_stale("lab", "l1", "10"));
         assert!(r.is_stale("lab", "l1", "11"));
         // The watch delivered our last write: a newer version, the entry goes.
         assert!(!r.is_stale("lab", "l1", "12"));
+        assert!(!r.is_stale("lab", "l1", "10"));
+    }
+
+    #[test]
+    fn a_write_that_changed_nothing_leaves_no_stale_version() {
+        let r = Replaced::default();
+        // The API server kept version 10: the cache will never show a newer one, so a pass on
+        // 10 must run rather than wait for it.
+        r.note("lab", "l1", "10", "10");
         assert!(!r.is_stale("lab", "l1", "10"));
     }
 }

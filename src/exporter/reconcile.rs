@@ -19,7 +19,7 @@ use tracing::{info, warn};
 use super::client_status;
 use super::exporter_status::{self, EventSpec, HeldLease, mint_note};
 use super::lease_logic::{self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, UNSATISFIABLE};
-use super::own_writes::{Ledger, Replacements, Tokens};
+use super::own_writes::{Ledger, Replacements, STALE_RECHECK, Tokens};
 use super::settings::Settings;
 use super::token::{self, Claims, MintReason, SigningKey, TokenAction, TokenPolicy};
 use super::types::{Client, Exporter, ExporterAccessPolicy, Lease};
@@ -419,7 +419,7 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
     let name = exporter.name_any();
     let rv = exporter.resource_version().unwrap_or_default();
     if ctx.replaced.exporters.is_stale(&ns, &name, &rv) {
-        return Ok(Action::await_change());
+        return Ok(Action::requeue(STALE_RECHECK));
     }
     // Before the first lists complete there is nothing to read.
     if !ctx.caches.synced.wait().await {
@@ -510,10 +510,12 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
     let mut events = Vec::new();
     if let Some(patch) = status_merge_patch(exporter.status.as_ref(), &desired.status) {
         let api: Api<Exporter> = Api::namespaced(ctx.client.clone(), &ns);
-        ctx.writer
+        let written = ctx
+            .writer
             .merge_status_fenced(&api, &name, &rv, &patch)
             .await?;
-        ctx.replaced.exporters.note(&ns, &name, &rv);
+        let written_rv = written.resource_version().unwrap_or_default();
+        ctx.replaced.exporters.note(&ns, &name, &rv, &written_rv);
         ctx.metrics
             .status_writes
             .with_label_values(&["reconcile"])
@@ -541,7 +543,7 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
     let name = client.name_any();
     let rv = client.resource_version().unwrap_or_default();
     if ctx.replaced.clients.is_stale(&ns, &name, &rv) {
-        return Ok(Action::await_change());
+        return Ok(Action::requeue(STALE_RECHECK));
     }
     if !ctx.caches.synced.wait().await {
         return Ok(Action::await_change()); // shutting down
@@ -576,10 +578,12 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
             client_status::without_credential(&client, problem, &ctx.settings.status.endpoint, now);
         if let Some(patch) = status_merge_patch(client.status.as_ref(), &status) {
             let api: Api<Client> = Api::namespaced(ctx.client.clone(), &ns);
-            ctx.writer
+            let written = ctx
+                .writer
                 .merge_status_fenced(&api, &name, &rv, &patch)
                 .await?;
-            ctx.replaced.clients.note(&ns, &name, &rv);
+            let written_rv = written.resource_version().unwrap_or_default();
+            ctx.replaced.clients.note(&ns, &name, &rv, &written_rv);
         }
         return Ok(Action::await_change());
     }
@@ -597,10 +601,12 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
     let mut persisted = None;
     if let Some(patch) = status_merge_patch(client.status.as_ref(), &desired.status) {
         let api: Api<Client> = Api::namespaced(ctx.client.clone(), &ns);
-        ctx.writer
+        let written = ctx
+            .writer
             .merge_status_fenced(&api, &name, &rv, &patch)
             .await?;
-        ctx.replaced.clients.note(&ns, &name, &rv);
+        let written_rv = written.resource_version().unwrap_or_default();
+        ctx.replaced.clients.note(&ns, &name, &rv, &written_rv);
         persisted = Some(&desired.status);
     }
     let events = client_status::events(
@@ -623,7 +629,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let name = lease.name_any();
     let rv = lease.resource_version().unwrap_or_default();
     if ctx.replaced.leases.is_stale(&ns, &name, &rv) {
-        return Ok(Action::await_change());
+        return Ok(Action::requeue(STALE_RECHECK));
     }
     // An empty cache would make every pinned exporter "not found" and end the lease.
     if !ctx.caches.synced.wait().await {
@@ -713,8 +719,8 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                 return Err(e.into());
             }
         };
-        ctx.replaced.leases.note(&ns, &name, &rv);
         current_rv = written.resource_version().unwrap_or_default();
+        ctx.replaced.leases.note(&ns, &name, &rv, &current_rv);
         if let Some(exporter) = &out.assigned {
             info!(lease = %name, exporter = %exporter, "lease acquired");
             ctx.metrics
@@ -763,10 +769,14 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         if owners_changed {
             meta.insert("ownerReferences".into(), json!(owners));
         }
-        ctx.writer
+        let written = ctx
+            .writer
             .patch(&api, &name, &Patch::Merge(json!({ "metadata": meta })))
             .await?;
-        ctx.replaced.leases.note(&ns, &name, &current_rv);
+        let written_rv = written.resource_version().unwrap_or_default();
+        ctx.replaced
+            .leases
+            .note(&ns, &name, &current_rv, &written_rv);
     }
     Ok(requeue(out.requeue_after))
 }

@@ -632,6 +632,18 @@ impl Manager {
                 free_port()
             ));
         }
+        // Nor over the login service's default port (:8086).
+        if ucm::FEATURES.iter().any(|f| f.name == "exporter")
+            && !opts
+                .extra
+                .iter()
+                .any(|a| a.starts_with("--exporter-login-bind-address"))
+        {
+            cmd.arg(format!(
+                "--exporter-login-bind-address=127.0.0.1:{}",
+                free_port()
+            ));
+        }
         // A test may ask for another level (e.g. trace, to check what the logs never contain).
         if !opts.extra.iter().any(|a| a.starts_with("--log-level")) {
             cmd.arg("--log-level=info,ucm=debug");
