@@ -140,14 +140,14 @@ fn print_crds(args: CrdsArgs) -> i32 {
                     let name = crd.metadata.name.as_deref().unwrap_or("crd");
                     std::fs::write(
                         dir.join(format!("{name}.yaml")),
-                        serde_yaml::to_string(crd)?,
+                        serde_saphyr::to_string(crd)?,
                     )?;
                 }
             }
             None => {
                 let mut out = std::io::stdout().lock();
                 for crd in &crds {
-                    writeln!(out, "---\n{}", serde_yaml::to_string(crd)?.trim_end())?;
+                    writeln!(out, "---\n{}", serde_saphyr::to_string(crd)?.trim_end())?;
                 }
             }
         }
@@ -174,7 +174,7 @@ fn print_rbac() -> i32 {
         let _ = writeln!(
             out,
             "---\n{}",
-            serde_yaml::to_string(&role).expect("yaml").trim_end()
+            serde_saphyr::to_string(&role).expect("yaml").trim_end()
         );
     }
     0

@@ -9,6 +9,7 @@ pub mod k8s_names;
 pub mod runtime;
 pub mod snapshot;
 pub mod vmexport;
+pub mod yaml;
 
 use runtime::Feature;
 

@@ -251,7 +251,7 @@ pub async fn identity(admin: &Client, admin_kubeconfig: &Path, name: &str, out: 
         "current-context": "bench",
     });
     let path = out.join(format!("kubeconfig-{name}"));
-    std::fs::write(&path, serde_yaml::to_string(&doc).unwrap()).unwrap();
+    std::fs::write(&path, serde_saphyr::to_string(&doc).unwrap()).unwrap();
     path
 }
 

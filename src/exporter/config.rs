@@ -268,7 +268,7 @@ fn yaml<T: serde::de::DeserializeOwned + Default>(key: &str, text: &str) -> Resu
     if text.trim().is_empty() {
         return Ok(T::default());
     }
-    serde_yaml::from_str::<Option<T>>(text)
+    crate::yaml::from_str::<Option<T>>(text)
         .map(Option::unwrap_or_default)
         .map_err(|e| format!("ConfigMap {CONFIGMAP}, key {key}: {e}"))
 }

@@ -19,7 +19,7 @@ fn load_upstream(file: &str) -> Value {
     let path = reference_dir().join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("upstream CRD {} must be readable: {e}", path.display()));
-    serde_yaml::from_str(&text).expect("upstream CRD parses")
+    serde_saphyr::from_str(&text).expect("upstream CRD parses")
 }
 
 fn generated(name: &str) -> Value {

@@ -53,7 +53,7 @@ pub struct RawJwtAuthenticator {
     #[serde(default)]
     claim_mappings: RawClaimMappings,
     #[serde(default)]
-    user_validation_rules: Vec<serde_yaml::Value>,
+    user_validation_rules: Vec<serde_json::Value>,
 }
 
 #[derive(Deserialize, Default, Debug, Clone)]
@@ -95,7 +95,7 @@ struct RawClaimMappings {
     #[serde(default)]
     uid: Option<RawPrefixedClaim>,
     #[serde(default)]
-    extra: Vec<serde_yaml::Value>,
+    extra: Vec<serde_json::Value>,
 }
 
 #[derive(Deserialize, Default, Debug, Clone)]
@@ -624,7 +624,7 @@ mod tests {
 
     fn parse(yaml: &str) -> Result<Vec<JwtAuthenticator>, String> {
         let raw: Vec<RawJwtAuthenticator> =
-            serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
+            serde_saphyr::from_str(yaml).map_err(|e| e.to_string())?;
         validate("authentication.jwt", raw, "internal:")
     }
 

@@ -41,7 +41,7 @@ pub struct PoolsFile {
 }
 
 pub fn parse(text: &str) -> Result<PoolsFile, String> {
-    serde_yaml::from_str(text).map_err(|e| e.to_string())
+    crate::yaml::from_str(text)
 }
 
 pub fn load(path: &Path) -> Result<PoolsFile, String> {

@@ -492,7 +492,7 @@ fn render_items(items: Vec<serde_json::Value>, yaml: bool) -> Response<Body> {
     if yaml {
         let mut out = String::new();
         for it in &items {
-            out.push_str(&serde_yaml::to_string(it).unwrap_or_default());
+            out.push_str(&serde_saphyr::to_string(it).unwrap_or_default());
             out.push_str("---\n");
         }
         let mut r = full(StatusCode::OK, out);

@@ -18,7 +18,7 @@ fn read(dir: &Path, k: &str) -> Option<String> {
 }
 
 fn parse(text: &str) -> anyhow::Result<Value> {
-    Ok(serde_json::from_str(text).or_else(|_| serde_yaml::from_str(text))?)
+    Ok(serde_json::from_str(text).or_else(|_| serde_saphyr::from_str(text))?)
 }
 
 /// Items in order: CA ConfigMap, VM (DataVolume templates switched to an HTTP source), DataVolumes.
