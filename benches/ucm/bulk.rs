@@ -27,7 +27,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use ucm::exporter::types::Exporter;
+use ucm::exporter::crd::Exporter;
 use ucm::snapshot::agent::barrier::fake::{self, FakeCluster, FakeVolume};
 use ucm::snapshot::types::{MiroirSnapshot, MiroirVolume};
 use ucm::vmexport::VirtualMachineExport;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::json;
-use ucm::exporter::types::Exporter;
+use ucm::exporter::crd::Exporter;
 
 use crate::Ctx;
 use crate::cluster::SYSTEM_NS;

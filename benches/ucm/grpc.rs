@@ -16,9 +16,9 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+use ucm::exporter::crd::Exporter;
 use ucm::exporter::proto::jumpstarter::v1 as pb;
 use ucm::exporter::proto::jumpstarter::v1::controller_service_client::ControllerServiceClient;
-use ucm::exporter::types::Exporter;
 
 use crate::Ctx;
 use crate::kube_util::{create_all, delete_namespace, track};

@@ -26,7 +26,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use ucm::exporter::types::{Client, Exporter, Lease};
+use ucm::exporter::crd::{Client, Exporter, Lease};
 
 use crate::Ctx;
 use crate::bulk::manager_args;

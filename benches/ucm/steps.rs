@@ -11,7 +11,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use ucm::exporter::types::Exporter;
+use ucm::exporter::crd::Exporter;
 
 use crate::cluster::{Counts, Plane};
 use crate::kube_util::{CONCURRENCY, Tracker, create_all, track};

@@ -57,7 +57,7 @@ const CRDS: [Crd; 7] = [
 
 impl Crd {
     fn resource(self) -> ApiResource {
-        use ucm::exporter::types as j;
+        use ucm::exporter::crd as j;
         match self {
             Crd::Exporter => ApiResource::erase::<j::Exporter>(&()),
             Crd::Lease => ApiResource::erase::<j::Lease>(&()),

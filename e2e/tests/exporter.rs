@@ -13,14 +13,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
+use ucm::exporter::auth::token::{self, Claims, SigningKey};
+use ucm::exporter::crd::{Exporter, ExporterStatusValue, Lease};
 use ucm::exporter::exporter_status::rfc3339;
-use ucm::exporter::token::{self, Claims, SigningKey};
-use ucm::exporter::types::{Exporter, ExporterStatusValue, Lease};
 
 const SEED: &str = "e2e-controller-key";
 const DAY: i64 = 86_400;
 
-type JClient = ucm::exporter::types::Client;
+type JClient = ucm::exporter::crd::Client;
 
 /// Manager options with the exporter feature only and the test seed as CONTROLLER_KEY.
 fn opts<'a>(env: &'a TestEnv, extra: &[&str]) -> ManagerOpts<'a> {
@@ -85,7 +85,7 @@ async fn create(client: &Client, ns: &str, manifest: serde_json::Value) {
             .await
             .map(|_| ()),
         "ExporterAccessPolicy" => {
-            Api::<ucm::exporter::types::ExporterAccessPolicy>::namespaced(client.clone(), ns)
+            Api::<ucm::exporter::crd::ExporterAccessPolicy>::namespaced(client.clone(), ns)
                 .create(&pp, &serde_json::from_value(manifest).unwrap())
                 .await
                 .map(|_| ())

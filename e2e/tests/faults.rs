@@ -35,7 +35,7 @@ use rig::{
     *,
 };
 use serde_json::json;
-use ucm::exporter::types::HookPhase;
+use ucm::exporter::crd::HookPhase;
 use ucm::snapshot::types::SlotState;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -127,7 +127,7 @@ impl Lab {
         use k8s_openapi::api::core::v1::Secret;
         use kube::Api;
         use kube::api::PostParams;
-        use ucm::exporter::types::Exporter;
+        use ucm::exporter::crd::Exporter;
 
         let venv = tokio::task::spawn_blocking(jumpstarter_venv).await.unwrap();
         let env = TestEnv::new(test).await;
@@ -242,8 +242,8 @@ async fn register_report_and_auth_with_protocol_stubs() {
     use k8s_openapi::api::core::v1::Secret;
     use kube::api::PostParams;
     use kube::{Api, ResourceExt};
-    use ucm::exporter::token::{self, SigningKey};
-    use ucm::exporter::types::Exporter;
+    use ucm::exporter::auth::token::{self, SigningKey};
+    use ucm::exporter::crd::Exporter;
 
     let lab = Lab::start(
         "grpc",
@@ -336,7 +336,7 @@ async fn register_report_and_auth_with_protocol_stubs() {
         jiff::Timestamp::now() - jiff::SignedDuration::from_hours(2),
         jiff::SignedDuration::from_hours(1),
     );
-    let clients: Api<ucm::exporter::types::Client> = Api::namespaced(env.client.clone(), &env.ns);
+    let clients: Api<ucm::exporter::crd::Client> = Api::namespaced(env.client.clone(), &env.ns);
     let client_json = serde_json::json!({
         "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
         "metadata": {"name": "c1"}, "spec": {}
@@ -362,7 +362,7 @@ async fn register_report_and_auth_with_protocol_stubs() {
     // A Client `c1` in another namespace, which this manager does not serve, with a token for it
     // signed by the same key (what a manager serving that namespace would mint).
     let other_ns = create_namespace(&env.client, "grpc-other").await;
-    let other_c1 = Api::<ucm::exporter::types::Client>::namespaced(env.client.clone(), &other_ns)
+    let other_c1 = Api::<ucm::exporter::crd::Client>::namespaced(env.client.clone(), &other_ns)
         .create(
             &PostParams::default(),
             &serde_json::from_value(client_json).unwrap(),
@@ -535,7 +535,7 @@ async fn heartbeats_persist_last_seen_once_per_interval() {
     use kube::Api;
     use std::io::BufRead;
     use std::time::Duration;
-    use ucm::exporter::types::Exporter;
+    use ucm::exporter::crd::Exporter;
 
     let lab = Lab::start(
         "grpc-beat",

@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::PostParams;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use ucm::exporter::types::{
+use ucm::exporter::crd::{
     Exporter, ExporterStatusValue as S, HookPhase, HookState, Lease, LeaseHooks,
 };
 

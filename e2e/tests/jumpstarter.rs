@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use ucm::exporter::types::{Exporter, ExporterStatusValue, Lease};
+use ucm::exporter::crd::{Exporter, ExporterStatusValue, Lease};
 
 use common::*;
 
@@ -901,8 +901,7 @@ fn oidc_config(
 
 /// A Client whose `spec.username` is `username`.
 async fn create_client(lab: &Lab, name: &str, username: &str) {
-    let api: Api<ucm::exporter::types::Client> =
-        Api::namespaced(lab.env.client.clone(), &lab.env.ns);
+    let api: Api<ucm::exporter::crd::Client> = Api::namespaced(lab.env.client.clone(), &lab.env.ns);
     let c = serde_json::from_value(serde_json::json!({
         "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
         "metadata": {"name": name}, "spec": {"username": username},
@@ -1200,7 +1199,8 @@ async fn oidc_jmp_login_lease_and_refusals() {
         "issuer is not trusted",
         "a ServiceAccount token, k8s off",
     );
-    let due = Duration::from_secs(1) + ucm::exporter::oidc::CLOCK_SKEW + Duration::from_secs(1);
+    let due =
+        Duration::from_secs(1) + ucm::exporter::auth::oidc::CLOCK_SKEW + Duration::from_secs(1);
     tokio::time::sleep(due.saturating_sub(taken.elapsed())).await;
     refused(
         list_as(&lab, &short, "alice-dev").await,
@@ -1291,7 +1291,7 @@ async fn oidc_provisioning_and_service_account_tokens() {
     })
     .await
     .unwrap();
-    let clients: Api<ucm::exporter::types::Client> =
+    let clients: Api<ucm::exporter::crd::Client> =
         Api::namespaced(lab.env.client.clone(), &lab.env.ns);
     assert!(clients.get_opt("carol-dev").await.unwrap().is_none());
     assert_eq!(

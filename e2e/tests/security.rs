@@ -27,9 +27,9 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio_stream::StreamExt;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use ucm::exporter::crd::{Client as JClient, Exporter, Lease};
 use ucm::exporter::proto::jumpstarter::client::v1 as cpb;
 use ucm::exporter::proto::jumpstarter::v1 as pb;
-use ucm::exporter::types::{Client as JClient, Exporter, Lease};
 use ucm::vmexport::types::VirtualMachineExport;
 
 /// A subprocess whose combined output goes to a file; killed on drop.
@@ -322,7 +322,8 @@ async fn secrets_never_reach_logs_events_or_status() {
     wait_secret(&secrets, "ucm-router-key").await;
 
     // `ucm router` with a certificate of ours (its key is one more secret to look for).
-    let router_tls = ucm::exporter::tls::self_signed(&format!("localhost:{router_port}")).unwrap();
+    let router_tls =
+        ucm::exporter::grpc::tls::self_signed(&format!("localhost:{router_port}")).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ucm"));
     cmd.arg("router")
         .arg(format!("--bind-address=127.0.0.1:{router_port}"))

@@ -1,4 +1,4 @@
-//! Internal ES256 tokens (src/exporter/token.rs). Properties: `verify` never panics on any
+//! Internal ES256 tokens (src/exporter/auth/token.rs). Properties: `verify` never panics on any
 //! text; a token minted for a subject verifies to exactly the claims minted, until `exp` and
 //! not after; it does not verify under another key; changing any one byte of it makes it
 //! fail (or, if the change only adds surrounding whitespace, yields the same claims); `decide`
@@ -9,7 +9,7 @@ use arbitrary::Arbitrary;
 use jiff::{SignedDuration, Timestamp};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
-use ucm::exporter::token::{
+use ucm::exporter::auth::token::{
     MintReason, SigningKey, TokenAction, TokenError, TokenPolicy, decide, mint, verify,
 };
 

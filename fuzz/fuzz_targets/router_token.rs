@@ -1,4 +1,4 @@
-//! Router tokens (src/exporter/router_token.rs), HS256. Properties: `verify` never panics on
+//! Router tokens (src/exporter/router/token.rs), HS256. Properties: `verify` never panics on
 //! any text and accepts none it did not sign; `sign`→`verify` gives back exactly the claims
 //! when they are valid at that instant, and the error names the first rule they break
 //! otherwise; a token signed with another key, or with one byte changed, never verifies.
@@ -7,7 +7,7 @@
 use arbitrary::Arbitrary;
 use jiff::Timestamp;
 use libfuzzer_sys::fuzz_target;
-use ucm::exporter::router_token::{
+use ucm::exporter::router::token::{
     AUDIENCE, Audience, Claims, ISSUER, RouterKey, RouterTokenError, mint, sign, verify,
 };
 

@@ -1,4 +1,4 @@
-//! Label selectors (src/exporter/selector.rs) as the API server hands them over: any
+//! Label selectors (src/exporter/lease/selector.rs) as the API server hands them over: any
 //! `LabelSelector` and any label set. Properties: no panic; `matches` fails exactly when
 //! `validate` does; a valid selector matches exactly when an independent reading of each
 //! requirement does; `matchLabels` and the equivalent `In` expressions agree; negating the only
@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use arbitrary::Arbitrary;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use libfuzzer_sys::fuzz_target;
-use ucm::exporter::selector::{format, is_empty, matches, validate};
+use ucm::exporter::lease::selector::{format, is_empty, matches, validate};
 
 /// Small alphabets so keys and values collide often.
 fn word(b: u8) -> String {

@@ -4,12 +4,12 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::exporter_status::{
+use crate::conditions;
+use crate::exporter::auth::token::Claims;
+use crate::exporter::crd::{Client, ClientStatus, LocalObjectReference};
+use crate::exporter::exporter_status::{
     EventSpec, TOKEN_EXPIRING, expiry_thresholds, next_delay, rfc3339, token_expiring,
 };
-use super::token::Claims;
-use super::types::{Client, ClientStatus, LocalObjectReference};
-use crate::conditions;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DesiredClientStatus {
@@ -71,7 +71,7 @@ pub fn without_credential(
 
 /// Events after a persisted status write: `TokenExpiringSoon` when `TokenExpiring` became True
 /// (upstream's text). `CredentialCreated` follows the Secret write instead
-/// ([`super::exporter_status::mint_note`]).
+/// ([`crate::exporter::exporter_status::mint_note`]).
 pub fn events(name: &str, old: Option<&ClientStatus>, new: &ClientStatus) -> Vec<EventSpec> {
     let mut out = Vec::new();
     let was = old.is_some_and(|s| {
@@ -99,9 +99,9 @@ pub fn events(name: &str, old: Option<&ClientStatus>, new: &ClientStatus) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exporter::auth::token::{AUDIENCE, ISSUER, Invalid, MintReason};
+    use crate::exporter::crd::ClientSpec;
     use crate::exporter::exporter_status::mint_note;
-    use crate::exporter::token::{AUDIENCE, ISSUER, Invalid, MintReason};
-    use crate::exporter::types::ClientSpec;
     use kube::api::ObjectMeta;
 
     const NOW: i64 = 1_800_000_000;

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use jiff::SignedDuration;
 use serde::Deserialize;
 
-use super::oidc::{self, JwtAuthenticator, RawJwtAuthenticator};
-use super::token::DEFAULT_PREFIX;
+use crate::exporter::auth::oidc::{self, JwtAuthenticator, RawJwtAuthenticator};
+use crate::exporter::auth::token::DEFAULT_PREFIX;
 use crate::godur;
 
 pub const CONFIGMAP: &str = "jumpstarter-controller";

@@ -5,11 +5,11 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::token::{Claims, TokenPolicy};
-use super::types::{
+use crate::conditions::{self, Desired};
+use crate::exporter::auth::token::{Claims, TokenPolicy};
+use crate::exporter::crd::{
     Exporter, ExporterStatus, ExporterStatusValue, HookPhase, LeaseHooks, LocalObjectReference,
 };
-use crate::conditions::{self, Desired};
 
 pub const ONLINE: &str = "Online";
 pub const REGISTERED: &str = "Registered";
@@ -333,11 +333,15 @@ pub const NOTE_REPLACED: &str = "Credential token replaced (invalid)";
 pub const NOTE_GRACEFUL: &str = "Exporter reported offline (graceful shutdown)";
 
 /// The `CredentialCreated` note (shared with the Client's events).
-pub fn mint_note(kind: &str, reason: super::token::MintReason, secret: &str) -> String {
+pub fn mint_note(
+    kind: &str,
+    reason: crate::exporter::auth::token::MintReason,
+    secret: &str,
+) -> String {
     let what = match reason {
-        super::token::MintReason::Created => NOTE_CREATED,
-        super::token::MintReason::Renewed => NOTE_RENEWED,
-        super::token::MintReason::Replaced(_) => NOTE_REPLACED,
+        crate::exporter::auth::token::MintReason::Created => NOTE_CREATED,
+        crate::exporter::auth::token::MintReason::Renewed => NOTE_RENEWED,
+        crate::exporter::auth::token::MintReason::Replaced(_) => NOTE_REPLACED,
     };
     format!("{what} for {kind}: secret={secret}")
 }
@@ -438,8 +442,8 @@ pub fn transition_events(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exporter::token::{AUDIENCE, ISSUER};
-    use crate::exporter::types::{Device, ExporterSpec, HookState};
+    use crate::exporter::auth::token::{AUDIENCE, ISSUER};
+    use crate::exporter::crd::{Device, ExporterSpec, HookState};
     use kube::api::ObjectMeta;
 
     const NOW: i64 = 1_800_000_000;

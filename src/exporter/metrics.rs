@@ -6,9 +6,9 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use super::exporter_status::ONLINE;
-use super::types::{Exporter, ExporterStatusValue};
 use crate::conditions;
+use crate::exporter::crd::{Exporter, ExporterStatusValue};
+use crate::exporter::exporter_status::ONLINE;
 use crate::runtime::controller::Guarded;
 
 pub const WRITE_SOURCES: [&str; 6] = [
@@ -152,7 +152,7 @@ impl Collector for ExporterGauges {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exporter::types::{ExporterSpec, ExporterStatus};
+    use crate::exporter::crd::{ExporterSpec, ExporterStatus};
     use jiff::Timestamp;
 
     fn exporter(status: Option<ExporterStatusValue>, online: bool) -> Exporter {

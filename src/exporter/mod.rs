@@ -1,33 +1,32 @@
 //! The `exporter` feature: Jumpstarter Exporter, Lease and Client reconcilers
 //! (`jumpstarter.dev/v1alpha1`). See `../shared/spec/exporter.md`.
 //!
-//! Pure modules: `types` (CRDs), `token` (key and JWTs), `exporter_status`, `client_status`,
-//! `lease_logic`, `selector`, `settings`, `config`. IO: `reconcile`, `signing`,
-//! `startup`.
+//! By concern:
+//! - `crd`: the four CRDs, their schema rules and the upstream compatibility tests;
+//! - `auth`: who presents a token (internal tokens and their signing key, JWT issuers, the
+//!   login service);
+//! - `lease`: the pure assignment decision, label selectors and the lease-hooks record;
+//! - `grpc`: the controller's gRPC services and their TLS; `router`: the router data path and
+//!   its tokens; `proto`: the Jumpstarter protocol;
+//! - the reconcilers: `reconcile` (observe → decide with `exporter_status` / `client_status` /
+//!   `lease::assign` → apply), `own_writes` (what our writes changed that the caches may not
+//!   show yet), `settings` and `config` (flags and the upstream ConfigMap), `startup`,
+//!   `metrics`.
 
-pub mod authn;
+pub mod auth;
 pub mod client_status;
 pub mod config;
+pub mod crd;
 pub mod exporter_status;
 pub mod grpc;
-pub mod lease_hooks;
-pub mod lease_logic;
-pub mod login;
+pub mod lease;
 pub mod metrics;
-pub mod oidc;
 pub mod own_writes;
 pub mod proto;
 pub mod reconcile;
 pub mod router;
-pub mod router_token;
-pub mod schema;
-pub mod selector;
 pub mod settings;
-pub mod signing;
 pub mod startup;
-pub mod tls;
-pub mod token;
-pub mod types;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,18 +40,18 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{CustomResourceExt, Resource as _};
 
+use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
 use crate::runtime::controller::{Guarded, run};
 use crate::runtime::rbac::rule;
 use crate::runtime::{Feature, Runtime, Trigger};
-use types::{Client, Exporter, ExporterAccessPolicy, Lease};
 
 /// The four CRDs this feature serves, in the form `ucm crds` writes to `crds/`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
-        schema::fixup_crd(types::Client::crd()),
-        schema::fixup_crd(types::ExporterAccessPolicy::crd()),
-        schema::fixup_crd(types::Exporter::crd()),
-        schema::fixup_crd(types::Lease::crd()),
+        crate::exporter::crd::schema::fixup_crd(crate::exporter::crd::Client::crd()),
+        crate::exporter::crd::schema::fixup_crd(crate::exporter::crd::ExporterAccessPolicy::crd()),
+        crate::exporter::crd::schema::fixup_crd(crate::exporter::crd::Exporter::crd()),
+        crate::exporter::crd::schema::fixup_crd(crate::exporter::crd::Lease::crd()),
     ]
 }
 
@@ -104,7 +103,7 @@ pub static FEATURE: Feature = Feature {
     namespaced_rbac,
     settings: settings::Args::augment_args,
     start: |rt, matches| Box::pin(start(rt, matches)),
-    agents: &[router::AGENT],
+    agents: &[crate::exporter::router::AGENT],
 };
 
 const ERROR_BACKOFF_CAP: Duration = Duration::from_secs(300);
@@ -124,7 +123,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         tracing::warn!("{w}");
     }
     let settings = settings.with_config(loaded.config);
-    let Some(key) = signing::load(&rt, &settings.key_source).await? else {
+    let Some(key) = crate::exporter::auth::signing::load(&rt, &settings.key_source).await? else {
         return Ok(()); // shutdown before the key Secret was usable
     };
 
@@ -262,7 +261,8 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
                 let labels = exporter.metadata.labels.clone().unwrap_or_default();
                 pending_leases(&exporter_leases, &ns, |lease| {
                     lease.spec.exporter_ref_name() == Some(name.as_str())
-                        || selector::matches(&lease.spec.selector, &labels).unwrap_or(false)
+                        || crate::exporter::lease::selector::matches(&lease.spec.selector, &labels)
+                            .unwrap_or(false)
                 })
             },
         );
@@ -308,7 +308,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
 
     futures::join!(
         grpc::run(rt.clone(), ctx.clone()),
-        login::run(rt.clone(), ctx.clone()),
+        crate::exporter::auth::login::run(rt.clone(), ctx.clone()),
         run(
             &rt,
             "exporter",
@@ -349,13 +349,13 @@ fn pending_leases(
         .filter_map(|g| g.0.as_ref().ok())
         .filter(|l| {
             l.metadata.namespace.as_deref() == Some(ns)
-                && lease_logic::is_active(l)
+                && crate::exporter::lease::assign::is_active(l)
                 && crate::conditions::is_true(
                     l.status
                         .as_ref()
                         .and_then(|s| s.conditions.as_deref())
                         .unwrap_or_default(),
-                    lease_logic::PENDING,
+                    crate::exporter::lease::assign::PENDING,
                 )
                 && pick(l)
         })
@@ -370,8 +370,8 @@ fn pending_leases(
 fn active_lease_watch() -> watcher::Config {
     watcher::Config::default().labels(&format!(
         "{}!={}",
-        lease_logic::ENDED_LABEL,
-        lease_logic::ENDED_VALUE
+        crate::exporter::lease::assign::ENDED_LABEL,
+        crate::exporter::lease::assign::ENDED_VALUE
     ))
 }
 
@@ -409,8 +409,6 @@ where
 }
 
 #[cfg(test)]
-mod crd_compat_tests;
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 /// (namespace, name).
 type Key = (String, String);
 
-use super::lease_logic::Assignment;
-use super::types::{Lease, LeaseStatus};
+use crate::exporter::crd::{Lease, LeaseStatus};
+use crate::exporter::lease::assign::Assignment;
 use crate::runtime::controller::Guarded;
 
 /// In-flight assignments: (namespace, lease) → (exporter, spot access).
@@ -61,7 +61,7 @@ impl Ledger {
         let mut active: Vec<&Lease> = cached
             .iter()
             .copied()
-            .filter(|l| super::lease_logic::is_active(l))
+            .filter(|l| crate::exporter::lease::assign::is_active(l))
             .collect();
         active.extend(in_flight.iter());
         let decision = decide(&active);

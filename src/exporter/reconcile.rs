@@ -16,14 +16,18 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::{Map, json};
 use tracing::{info, warn};
 
-use super::client_status;
-use super::exporter_status::{self, EventSpec, HeldLease, mint_note};
-use super::lease_logic::{self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, UNSATISFIABLE};
-use super::own_writes::{Ledger, Replacements, STALE_RECHECK, Tokens};
-use super::settings::Settings;
-use super::token::{self, Claims, MintReason, SigningKey, TokenAction, TokenPolicy};
-use super::types::{Client, Exporter, ExporterAccessPolicy, Lease};
 use crate::conditions;
+use crate::exporter::auth::token::{
+    self, Claims, MintReason, SigningKey, TokenAction, TokenPolicy,
+};
+use crate::exporter::client_status;
+use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
+use crate::exporter::exporter_status::{self, EventSpec, HeldLease, mint_note};
+use crate::exporter::lease::assign::{
+    self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, UNSATISFIABLE,
+};
+use crate::exporter::own_writes::{Ledger, Replacements, STALE_RECHECK, Tokens};
+use crate::exporter::settings::Settings;
 use crate::runtime::controller::Guarded;
 use crate::runtime::{ReconcileError, Synced, WriteError, Writer};
 
@@ -32,7 +36,7 @@ pub struct Ctx {
     pub client: kube::Client,
     pub settings: Settings,
     pub key: SigningKey,
-    pub metrics: super::metrics::Metrics,
+    pub metrics: crate::exporter::metrics::Metrics,
     pub caches: Caches,
     /// Our lease assignments the Lease cache may not show yet.
     pub ledger: Ledger,
@@ -43,7 +47,7 @@ pub struct Ctx {
 }
 
 /// The feature's caches, one per kind, each fed by the watch that also triggers the passes
-/// that read it (see `super::start`). Guarded: an unreadable object is skipped by every
+/// that read it (see `crate::exporter::start`). Guarded: an unreadable object is skipped by every
 /// decision that reads the cache, and reported by its own controller's pass.
 pub struct Caches {
     /// Open once every cache below has listed.
@@ -477,7 +481,7 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
         .filter(|l| l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some(name.as_str()))
         .cloned()
         .collect();
-    let (held, several) = lease_logic::held_lease(&name, &leases);
+    let (held, several) = assign::held_lease(&name, &leases);
     if several {
         warn!(exporter = %name, "several active leases name this exporter; using the earliest");
     }
@@ -660,7 +664,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             &name,
             || Caches::in_namespace(&ctx.caches.leases, &ns),
             |active| {
-                lease_logic::decide_assignment(&AssignInputs {
+                assign::decide_assignment(&AssignInputs {
                     lease: &lease,
                     exporters: &exporter_refs,
                     active_leases: active,
@@ -684,7 +688,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                 .get_opt(exporter)
                 .await;
             let gated = match fresh {
-                Ok(Some(fresh)) => lease_logic::gate_on_fresh(&fresh),
+                Ok(Some(fresh)) => assign::gate_on_fresh(&fresh),
                 Ok(None) => Some(Assignment::Pending {
                     reason: "ExporterNotFound",
                     message: format!("Exporter {exporter} was deleted"),
@@ -702,7 +706,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         assignment = Some(decision);
     }
 
-    let out = lease_logic::build_status(&lease, assignment, now);
+    let out = assign::build_status(&lease, assignment, now);
     // The version the metadata patch below replaces.
     let mut current_rv = rv.clone();
     if let Some(patch) = status_merge_patch(lease.status.as_ref(), &out.status) {

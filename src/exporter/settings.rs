@@ -3,9 +3,9 @@
 
 use jiff::SignedDuration;
 
-use super::config::ControllerConfig;
-use super::exporter_status::StatusSettings;
-use super::token::TokenPolicy;
+use crate::exporter::auth::token::TokenPolicy;
+use crate::exporter::config::ControllerConfig;
+use crate::exporter::exporter_status::StatusSettings;
 use crate::godur;
 
 pub const DEFAULT_ENDPOINT: &str = "localhost:8082";

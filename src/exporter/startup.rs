@@ -14,7 +14,7 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use super::config::{self, CONFIGMAP};
+use crate::exporter::config::{self, CONFIGMAP};
 use crate::runtime::Runtime;
 
 /// One evaluation of a start-up input.
@@ -37,7 +37,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Step<T>>,
 {
-    let check = super::FEATURE.check_name();
+    let check = crate::exporter::FEATURE.check_name();
     let api: Api<K> = rt.own_namespace();
     let mut changes = watcher(
         api,

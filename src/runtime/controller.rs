@@ -550,7 +550,7 @@ mod tests {
 
     #[test]
     fn except_status_hash_ignores_only_the_named_fields_and_write_bookkeeping() {
-        use crate::exporter::types::Exporter;
+        use crate::exporter::crd::Exporter;
         let obj = |rv: &str, seen: &str, online: &str, label: &str| -> Guarded<Exporter> {
             serde_json::from_value(serde_json::json!({
                 "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",

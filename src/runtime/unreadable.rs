@@ -165,7 +165,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exporter::types::Lease;
+    use crate::exporter::crd::Lease;
 
     #[test]
     fn names_the_field_a_lease_cannot_be_read_at() {

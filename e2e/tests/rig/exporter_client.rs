@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status, Streaming};
+use ucm::exporter::crd::LeaseHooks;
 use ucm::exporter::proto::jumpstarter::v1 as pb;
-use ucm::exporter::types::LeaseHooks;
 
 pub use pb::ExporterStatus as Report;
 

@@ -23,7 +23,7 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-use ucm::exporter::types::{Exporter, Lease};
+use ucm::exporter::crd::{Exporter, Lease};
 use ucm::snapshot::{
     agent::barrier::fake::{self, FakeCluster, FakeEvent, FakeVolume},
     types::{MiroirSnapshot, MiroirVolume, SlotState},

@@ -15,7 +15,7 @@ use kube::{
     runtime::{WatchStreamExt, reflector, watcher},
 };
 use serde_json::json;
-use ucm::exporter::types::Lease;
+use ucm::exporter::crd::Lease;
 use ucm::snapshot::types::{MiroirSnapshot, SlotState};
 
 use super::*;

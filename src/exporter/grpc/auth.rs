@@ -8,10 +8,10 @@ use jiff::Timestamp;
 use kube::{Api, Resource, ResourceExt};
 use tonic::{Request, Status};
 
-use super::super::authn::{Authn, Identity};
-use super::super::reconcile::Ctx;
-use super::super::token;
-use super::super::types::{Client, ClientSpec, Exporter};
+use crate::exporter::auth::token;
+use crate::exporter::auth::{Authn, Identity};
+use crate::exporter::crd::{Client, ClientSpec, Exporter};
+use crate::exporter::reconcile::Ctx;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -251,8 +251,8 @@ async fn provision(
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::token::{DEFAULT_PREFIX, SigningKey};
     use super::*;
+    use crate::exporter::auth::token::{DEFAULT_PREFIX, SigningKey};
     use jiff::SignedDuration;
 
     fn req(token: Option<&str>, md: &[(&'static str, &str)]) -> Request<()> {

@@ -16,14 +16,14 @@ use serde_json::json;
 use tonic::{Request, Response, Status};
 use tracing::{debug, info};
 
-use super::super::authn::Authn;
-use super::super::lease_logic::ENDED_LABEL;
-use super::super::proto::jumpstarter::client::v1 as cpb;
-use super::super::reconcile::{Ctx, status_merge_patch};
-use super::super::token;
-use super::super::types::{Client, Exporter, Lease};
 use super::auth::{self, Caller, Kind};
 use super::lease_pb::{self, TimeFields};
+use crate::exporter::auth::Authn;
+use crate::exporter::auth::token;
+use crate::exporter::crd::{Client, Exporter, Lease};
+use crate::exporter::lease::assign::ENDED_LABEL;
+use crate::exporter::proto::jumpstarter::client::v1 as cpb;
+use crate::exporter::reconcile::{Ctx, status_merge_patch};
 use crate::runtime::WriteError;
 
 pub struct ClientApi {
@@ -158,7 +158,7 @@ pub fn updated_spec(
     lease: &Lease,
     req: &cpb::Lease,
     new_client: Option<&str>,
-) -> Result<super::super::types::LeaseSpec, Status> {
+) -> Result<crate::exporter::crd::LeaseSpec, Status> {
     let mut spec = lease.spec.clone();
     let st = lease.status.clone().unwrap_or_default();
     let given_begin = req
@@ -497,8 +497,8 @@ impl cpb::client_service_server::ClientService for Arc<ClientApi> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::types::{LeaseStatus, LocalObjectReference};
     use super::*;
+    use crate::exporter::crd::{LeaseStatus, LocalObjectReference};
     use jiff::SignedDuration;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 

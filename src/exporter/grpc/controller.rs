@@ -18,17 +18,17 @@ use tonic::metadata::{BinaryMetadataValue, MetadataValue};
 use tonic::{Request, Response, Status};
 use tracing::{debug, warn};
 
-use super::super::authn::Authn;
-use super::super::config;
-use super::super::exporter_status;
-use super::super::lease_hooks::{self, HOOK_ON_FAILURE_MD, HOOK_PHASE_MD};
-use super::super::proto::jumpstarter::v1 as pb;
-use super::super::reconcile::{Ctx, status_merge_patch};
-use super::super::router_token::{self, RouterKey};
-use super::super::types::{Device, Exporter, ExporterStatus, ExporterStatusValue, Lease};
 use super::auth::{self, Caller, Kind};
 use super::heartbeat::{self, Liveness};
 use crate::conditions;
+use crate::exporter::auth::Authn;
+use crate::exporter::config;
+use crate::exporter::crd::{Device, Exporter, ExporterStatus, ExporterStatusValue, Lease};
+use crate::exporter::exporter_status;
+use crate::exporter::lease::hooks::{self, HOOK_ON_FAILURE_MD, HOOK_PHASE_MD};
+use crate::exporter::proto::jumpstarter::v1 as pb;
+use crate::exporter::reconcile::{Ctx, status_merge_patch};
+use crate::exporter::router::token::{self as router_token, RouterKey};
 
 pub const RECORDS_HOOKS_MD: &str = "jumpstarter-records-lease-hooks";
 pub const LEASE_HOOKS_BIN_MD: &str = "jumpstarter-lease-hooks-bin";
@@ -464,7 +464,7 @@ impl Controller {
 }
 
 /// The optional ReportStatus hook metadata (rule 5.5.2); non-UTF-8 values count as invalid.
-fn hook_metadata<T>(req: &Request<T>) -> (lease_hooks::HookMetadata, Vec<String>) {
+fn hook_metadata<T>(req: &Request<T>) -> (hooks::HookMetadata, Vec<String>) {
     let mut invalid = Vec::new();
     let mut values = |key: &str| -> Vec<String> {
         req.metadata()
@@ -481,7 +481,7 @@ fn hook_metadata<T>(req: &Request<T>) -> (lease_hooks::HookMetadata, Vec<String>
     };
     let phases = values(HOOK_PHASE_MD);
     let actions = values(HOOK_ON_FAILURE_MD);
-    let (md, mut problems) = lease_hooks::parse_metadata(
+    let (md, mut problems) = hooks::parse_metadata(
         phases.iter().map(String::as_str),
         actions.iter().map(String::as_str),
     );
@@ -612,9 +612,9 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
         let exp = self
             .write_status(&caller.namespace, &caller.name, "report", |s, _| {
                 // The record sees the stored exporterStatus as `prev` (rule 5.3).
-                lease_hooks::apply_report(
+                hooks::apply_report(
                     s,
-                    &lease_hooks::Report {
+                    &hooks::Report {
                         status: value,
                         message: body.message.as_deref(),
                         metadata: &hook_md,

@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use super::super::exporter_status;
-use super::super::types::{ExporterStatus, ExporterStatusValue};
+use crate::exporter::crd::{ExporterStatus, ExporterStatusValue};
+use crate::exporter::exporter_status;
 
 /// Jitter is one-sided (+0–10%): the mean spacing stays at or above `W`, so the budget of rule
 /// 7.4.5 (≤ 3 writes per minute with T = 60 s) holds; a symmetric ±10% would average exactly

@@ -10,12 +10,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use kube::ResourceExt;
 
-use super::super::config::ControllerConfig;
-use super::super::proto::jumpstarter::client::v1 as cpb;
-use super::super::proto::jumpstarter::v1 as pb;
-use super::super::types::{Exporter, ExporterStatusValue, Lease, LeaseSpec, LocalObjectReference};
-use super::super::{exporter_status, selector};
 use crate::conditions;
+use crate::exporter::config::ControllerConfig;
+use crate::exporter::crd::{Exporter, ExporterStatusValue, Lease, LeaseSpec, LocalObjectReference};
+use crate::exporter::exporter_status;
+use crate::exporter::lease::selector;
+use crate::exporter::proto::jumpstarter::client::v1 as cpb;
+use crate::exporter::proto::jumpstarter::v1 as pb;
 use crate::godur;
 
 /// Lease labels mirroring `spec.tags` carry this prefix (rule 6.7.3).
@@ -642,7 +643,7 @@ mod tests {
         assert!(l.spec.exporter_ref.is_none());
         // Neither selector nor exporter: the CEL rule would refuse it; the view still converts.
         let begin: Timestamp = "2030-01-01T00:00:00Z".parse().unwrap();
-        l.status = Some(super::super::super::types::LeaseStatus {
+        l.status = Some(crate::exporter::crd::LeaseStatus {
             begin_time: Some(Time(begin)),
             exporter_ref: Some(LocalObjectReference::new("e1")),
             ..Default::default()
@@ -695,7 +696,7 @@ mod tests {
         assert_eq!(v.name, "namespaces/lab/exporters/e1");
         assert_eq!((v.online, v.status, v.enabled), (false, 0, Some(true)));
         e.spec.enabled = Some(false);
-        e.status = Some(super::super::super::types::ExporterStatus {
+        e.status = Some(crate::exporter::crd::ExporterStatus {
             exporter_status: Some(ExporterStatusValue::LeaseReady),
             status_message: Some("Ready for commands".into()),
             ..Default::default()

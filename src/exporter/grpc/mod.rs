@@ -7,6 +7,7 @@ pub mod client;
 pub mod controller;
 pub mod heartbeat;
 pub mod lease_pb;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,11 +20,11 @@ use kube::api::ObjectMeta;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{error, info};
 
-use super::authn::Authn;
-use super::proto::jumpstarter::client::v1::client_service_server::ClientServiceServer;
-use super::proto::jumpstarter::v1::controller_service_server::ControllerServiceServer;
-use super::reconcile::Ctx;
-use super::{proto, router, tls};
+use crate::exporter::auth::Authn;
+use crate::exporter::proto::jumpstarter::client::v1::client_service_server::ClientServiceServer;
+use crate::exporter::proto::jumpstarter::v1::controller_service_server::ControllerServiceServer;
+use crate::exporter::reconcile::Ctx;
+use crate::exporter::{proto, router};
 use crate::runtime::Runtime;
 use client::ClientApi;
 use controller::Controller;

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use kube::api::ObjectMeta;
 
 use super::*;
-use crate::exporter::types::{
+use crate::exporter::crd::{
     ClientSpec, ExporterAccessPolicySpec, ExporterSpec, ExporterStatus, From, HookPhase, HookState,
     LeaseHooks, LeaseSpec, Policy,
 };

@@ -3,14 +3,17 @@
 //! controller-gen CRDs; the Exporter adds the seed's `leaseHooks`, `recordsLeaseHooks` and
 //! `tokenExpiresAt` and validates its enums. Doc comments are the `kubectl explain` text.
 
+pub mod schema;
+
+#[cfg(test)]
+mod compat_tests;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-
-use super::schema;
 
 /// A reference to an object in the same namespace (`corev1.LocalObjectReference`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]

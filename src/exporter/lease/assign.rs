@@ -7,13 +7,13 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::exporter_status::{ONLINE, REGISTERED, owes_after_lease};
-use super::selector;
-use super::types::{
+use crate::conditions::{self, Desired};
+use crate::exporter::crd::{
     Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, Lease, LeaseStatus,
     LocalObjectReference,
 };
-use crate::conditions::{self, Desired};
+use crate::exporter::exporter_status::{ONLINE, REGISTERED, owes_after_lease};
+use crate::exporter::lease::selector;
 use crate::godur;
 
 pub const PENDING: &str = "Pending";
@@ -750,5 +750,5 @@ pub fn held_lease<'a>(exporter_name: &str, leases: &'a [Lease]) -> (Option<&'a L
 }
 
 #[cfg(test)]
-#[path = "lease_logic_tests.rs"]
+#[path = "assign_tests.rs"]
 mod tests;

@@ -16,8 +16,8 @@ use kube::Api;
 use serde::Serialize;
 use tracing::{error, info};
 
-use super::grpc::TLS_SECRET;
-use super::reconcile::Ctx;
+use crate::exporter::grpc::TLS_SECRET;
+use crate::exporter::reconcile::Ctx;
 use crate::runtime::Runtime;
 
 #[derive(Serialize, Debug, Clone, PartialEq)]

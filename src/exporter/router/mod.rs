@@ -1,6 +1,8 @@
 //! `ucm router` (spec §7.6): `jumpstarter.v1.RouterService.Stream` pairs the two streams that
 //! carry a router token with the same subject and forwards frames unchanged both ways.
 
+pub mod token;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -19,12 +21,14 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use super::proto::jumpstarter::v1::router_service_server::{RouterService, RouterServiceServer};
-use super::proto::jumpstarter::v1::{StreamRequest, StreamResponse};
-use super::router_token::{self, RouterKey};
-use super::tls;
+use crate::exporter::grpc::tls;
+use crate::exporter::proto::jumpstarter::v1::router_service_server::{
+    RouterService, RouterServiceServer,
+};
+use crate::exporter::proto::jumpstarter::v1::{StreamRequest, StreamResponse};
 use crate::runtime::cli::{LogFormat, parse_bind_address};
 use crate::runtime::{Agent, Writer, logging, shutdown};
+use token::RouterKey;
 
 pub const NAME: &str = "router";
 /// The generated router key (rule 7.6.2), in the manager's namespace, data key `key`.
@@ -108,7 +112,7 @@ impl RouterService for Router {
         &self,
         req: Request<Streaming<StreamRequest>>,
     ) -> Result<Response<tonic::codegen::BoxStream<StreamResponse>>, Status> {
-        let claims = router_token::verify(&self.key, bearer(&req)?, Timestamp::now())
+        let claims = token::verify(&self.key, bearer(&req)?, Timestamp::now())
             .map_err(|e| Status::unauthenticated(format!("invalid router token: {e}")))?;
         let sub = claims.sub;
         let inbound = req.into_inner();
@@ -365,7 +369,7 @@ mod tests {
     async fn pairs_forwards_and_rejects() {
         let key = RouterKey::new(b"test-router-key".to_vec()).unwrap();
         let ch = serve(key.clone()).await;
-        let (tok, _, _) = router_token::mint(&key, Timestamp::now());
+        let (tok, _, _) = token::mint(&key, Timestamp::now());
 
         let (a_tx, a) = open(&ch, &tok);
         let mut a = a.await.unwrap().into_inner();
@@ -387,7 +391,7 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::AlreadyExists);
 
         let other = RouterKey::new(b"other".to_vec()).unwrap();
-        let (bad, _, _) = router_token::mint(&other, Timestamp::now());
+        let (bad, _, _) = token::mint(&other, Timestamp::now());
         let (_d_tx, d) = open(&ch, &bad);
         let err = match d.await {
             Err(e) => e,

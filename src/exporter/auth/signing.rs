@@ -12,9 +12,9 @@ use kube::Api;
 use kube::api::ObjectMeta;
 use tracing::info;
 
-use super::settings::{GENERATED_KEY_SECRET, KEY_PEM, KeySource};
-use super::startup::{Step, settle};
-use super::token::SigningKey;
+use crate::exporter::auth::token::SigningKey;
+use crate::exporter::settings::{GENERATED_KEY_SECRET, KEY_PEM, KeySource};
+use crate::exporter::startup::{Step, settle};
 use crate::runtime::Runtime;
 
 /// The key in `key.pem` of a key Secret, or why it cannot be used (actionable, no key material).

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
-use super::crds;
+use crate::exporter::crds;
 
 fn reference_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/jumpstarter-crds")

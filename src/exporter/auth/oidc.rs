@@ -185,7 +185,7 @@ pub fn validate(
             return Err(format!("{} is required", f("issuer.url")));
         }
         check_url(&f("issuer.url"), &url)?;
-        if url == super::token::ISSUER {
+        if url == crate::exporter::auth::token::ISSUER {
             return Err(format!(
                 "{} {url:?} is the internal issuer of ucm's own tokens",
                 f("issuer.url")

@@ -4,6 +4,11 @@
 //! verifier, as Kubernetes' union of JWT authenticators does; a token no verifier claims is
 //! refused. Refusals are `Unauthenticated` and carry the reason, never the token.
 
+pub mod login;
+pub mod oidc;
+pub mod signing;
+pub mod token;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -15,9 +20,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 use tonic::Status;
 
-use super::config::ControllerConfig;
-use super::oidc::{self, Verifier};
-use super::token::{self, SigningKey};
+use crate::exporter::config::ControllerConfig;
+use oidc::Verifier;
+use token::SigningKey;
 
 /// How long a TokenReview answer is reused (a revoked token keeps working at most this long).
 pub const TOKEN_REVIEW_TTL: Duration = Duration::from_secs(10);

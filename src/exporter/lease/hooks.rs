@@ -4,7 +4,9 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::types::{ExporterStatus, ExporterStatusValue, HookOnFailure, HookPhase, HookState};
+use crate::exporter::crd::{
+    ExporterStatus, ExporterStatusValue, HookOnFailure, HookPhase, HookState,
+};
 
 /// Request metadata: `<hook>=<Succeeded|Failed|Skipped>`, may repeat (rule 5.5.2).
 pub const HOOK_PHASE_MD: &str = "jumpstarter-lease-hook-phase";
@@ -298,7 +300,7 @@ pub fn apply_report(status: &mut ExporterStatus, report: &Report<'_>, now: &Time
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exporter::types::{LeaseHooks, LocalObjectReference};
+    use crate::exporter::crd::{LeaseHooks, LocalObjectReference};
     use ExporterStatusValue as S;
     use HookPhase as P;
 

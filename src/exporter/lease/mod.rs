@@ -1,0 +1,6 @@
+//! Lease assignment: the pure decision (`assign`), the label selectors it matches with, and
+//! the lease-hooks record an exporter keeps (`hooks`).
+
+pub mod assign;
+pub mod hooks;
+pub mod selector;
