@@ -322,8 +322,7 @@ async fn secrets_never_reach_logs_events_or_status() {
     wait_secret(&secrets, "ucm-router-key").await;
 
     // `ucm router` with a certificate of ours (its key is one more secret to look for).
-    let router_tls =
-        ucm::exporter::grpc::tls::self_signed(&format!("localhost:{router_port}")).unwrap();
+    let router_tls = ucm::exporter::tls::self_signed(&format!("localhost:{router_port}")).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ucm"));
     cmd.arg("router")
         .arg(format!("--bind-address=127.0.0.1:{router_port}"))

@@ -3,11 +3,11 @@
 //!
 //! By concern:
 //! - `crd`: the four CRDs, their schema rules and the upstream compatibility tests;
-//! - `auth`: who presents a token (internal tokens and their signing key, JWT issuers, the
-//!   login service);
+//! - `auth`: who presents a token (internal tokens and their signing key, JWT issuers,
+//!   ServiceAccount tokens);
 //! - `lease`: the pure assignment decision, label selectors and the lease-hooks record;
-//! - `grpc`: the controller's gRPC services and their TLS; `router`: the router data path and
-//!   its tokens; `proto`: the Jumpstarter protocol;
+//! - the servers: `grpc` (the controller's services), `router` (the data path and its tokens),
+//!   `login` (what `jmp login` reads), sharing `tls`; `proto`: the Jumpstarter protocol;
 //! - the reconcilers: `reconcile` (observe → decide with `exporter_status` / `client_status` /
 //!   `lease::assign` → apply), `own_writes` (what our writes changed that the caches may not
 //!   show yet), `settings` and `config` (flags and the upstream ConfigMap), `startup`,
@@ -20,6 +20,7 @@ pub mod crd;
 pub mod exporter_status;
 pub mod grpc;
 pub mod lease;
+pub mod login;
 pub mod metrics;
 pub mod own_writes;
 pub mod proto;
@@ -27,6 +28,7 @@ pub mod reconcile;
 pub mod router;
 pub mod settings;
 pub mod startup;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -308,7 +310,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
 
     futures::join!(
         grpc::run(rt.clone(), ctx.clone()),
-        crate::exporter::auth::login::run(rt.clone(), ctx.clone()),
+        crate::exporter::login::run(rt.clone(), ctx.clone()),
         run(
             &rt,
             "exporter",

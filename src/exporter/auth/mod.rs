@@ -4,7 +4,6 @@
 //! verifier, as Kubernetes' union of JWT authenticators does; a token no verifier claims is
 //! refused. Refusals are `Unauthenticated` and carry the reason, never the token.
 
-pub mod login;
 pub mod oidc;
 pub mod signing;
 pub mod token;

@@ -7,7 +7,6 @@ pub mod client;
 pub mod controller;
 pub mod heartbeat;
 pub mod lease_pb;
-pub mod tls;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,7 +23,7 @@ use crate::exporter::auth::Authn;
 use crate::exporter::proto::jumpstarter::client::v1::client_service_server::ClientServiceServer;
 use crate::exporter::proto::jumpstarter::v1::controller_service_server::ControllerServiceServer;
 use crate::exporter::reconcile::Ctx;
-use crate::exporter::{proto, router};
+use crate::exporter::{proto, router, tls};
 use crate::runtime::Runtime;
 use client::ClientApi;
 use controller::Controller;

@@ -21,11 +21,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use crate::exporter::grpc::tls;
 use crate::exporter::proto::jumpstarter::v1::router_service_server::{
     RouterService, RouterServiceServer,
 };
 use crate::exporter::proto::jumpstarter::v1::{StreamRequest, StreamResponse};
+use crate::exporter::tls;
 use crate::runtime::cli::{LogFormat, parse_bind_address};
 use crate::runtime::{Agent, Writer, logging, shutdown};
 use token::RouterKey;
