@@ -1453,11 +1453,11 @@ async fn oidc_config_invalid_forms_are_reported() {
         ),
         (
             "authentication:\n  k8s:\n    enabled: sometimes\n".into(),
-            "authentication.k8s.enabled: invalid type",
+            "authentication.k8s.enabled: invalid boolean",
         ),
         (
             "provisioning:\n  enabled: 1\n".into(),
-            "provisioning.enabled: invalid type",
+            "provisioning.enabled: invalid boolean",
         ),
     ];
     let cm = |config: &str| -> k8s_openapi::api::core::v1::ConfigMap {
