@@ -22,7 +22,7 @@ GO_SOURCES  := $(shell find e2e/cmd -name '*.go' 2>/dev/null) e2e/go.mod e2e/go.
 
 export GOTOOLCHAIN := local
 
-.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench fuzz soak
+.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench fuzz soak image
 
 build:
 	$(CARGO) build
@@ -66,6 +66,11 @@ $(PROMTOOL): e2e/tools/promtool/go.mod e2e/tools/promtool/go.sum
 	cd e2e/tools/promtool && $(GO_ENV) go build -ldflags "-s -w" -o ../../bin/promtool github.com/prometheus/prometheus/cmd/promtool
 
 cluster: $(KHARNESS) $(KUBECTL) $(HELM) $(PROMTOOL)
+
+# The ucm container image as an OCI archive ($(TARGET_DIR)/ucm-image.oci.tar), built from the
+# Dockerfile by buildah without Docker or a registry (hack/image.sh; installs buildah if missing).
+image:
+	hack/image.sh
 
 # One shared control plane for every e2e test binary; tests needing their own start one.
 e2e: cluster build
