@@ -20,6 +20,7 @@ PROMTOOL    := e2e/bin/promtool
 KUBELET     := e2e/bin/kubelet
 SCHEDULER   := e2e/bin/kube-scheduler
 PAUSE       := e2e/bin/pause
+NODE_BINS   := $(KHARNESS) $(KUBECTL) $(KUBELET) $(SCHEDULER) $(PAUSE)
 HELM_VERSION = $(shell awk '$$1=="helm.sh/helm/v4"{print $$2}' e2e/tools/helm/go.mod)
 GO_SOURCES  := $(shell find e2e/cmd/kharness -name '*.go' 2>/dev/null) e2e/go.mod e2e/go.sum
 
@@ -84,14 +85,14 @@ $(KUBELET) $(SCHEDULER): e2e/go.mod e2e/go.sum
 $(PAUSE): e2e/cmd/pause/main.go
 	cd e2e && $(GO_ENV) go build -ldflags "-s -w" -o bin/pause ./cmd/pause
 
-node: image $(KHARNESS) $(KUBECTL) $(KUBELET) $(SCHEDULER) $(PAUSE)
+node: image $(NODE_BINS)
 	hack/image.sh pause
 	hack/node.sh up
 
 node-down:
 	hack/node.sh down
 
-node-check: image $(KHARNESS) $(KUBECTL) $(KUBELET) $(SCHEDULER) $(PAUSE)
+node-check: image $(NODE_BINS)
 	hack/image.sh pause
 	hack/node-check.sh
 
@@ -104,8 +105,9 @@ test-deps:
 
 test: test-deps lint crds-check unit e2e
 
-run: build cluster
-	hack/run.sh
+# `make run NODE=1`: config/default on a real local node instead (hack/run-node.sh; root).
+run: build cluster $(if $(NODE),image $(NODE_BINS))
+	$(if $(NODE),hack/image.sh pause && hack/run-node.sh,hack/run.sh)
 
 # The benchmark suite (issue 9): writes bench/results.md and bench/results.json. Not part of `test`.
 # `UCM_BENCH_ONLY=<phase>[,<phase>] make bench` reruns some phases (see bench/results.md).

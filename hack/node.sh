@@ -9,8 +9,8 @@
 #       namespace, cgroup or changed sysctl (hack/node-check.sh checks that).
 #
 # Needs root (network namespace, cgroups, mounts). Host side: one veth (UCM_NODE_NAME-h,
-# 10.213.0.1/30) so the API server reaches kubelet on the node's InternalIP; no route, address or
-# firewall rule anywhere else. The node reaches the API server (host loopback) through
+# 10.213.0.1/30) so the API server reaches kubelet on the node's InternalIP, with a route to the
+# Pod CIDR over it; no other address, route or firewall rule. The node reaches the API server (host loopback) through
 # `kharness forward`; Pods reach it at the `kubernetes` Service IP through one DNAT rule in the
 # node's namespace. No kube-proxy and no CoreDNS yet: other Services do not route.
 set -euo pipefail
@@ -198,6 +198,9 @@ up() {
   ip link add "$name-h" type veth peer name eth0 netns "$name"
   ip addr add "$host_ip/30" dev "$name-h"
   ip link set "$name-h" up
+  # Pod IPs are reachable from the host (curl a Pod's probe or metrics port); the route goes
+  # with the link.
+  ip route add "$pod_cidr" via "$node_ip" dev "$name-h"
   ip -n "$name" addr add "$node_ip/30" dev eth0
   ip -n "$name" link set eth0 up
   ip -n "$name" link set lo up
