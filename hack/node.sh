@@ -25,12 +25,13 @@ netns=/run/netns/$name
 # Kubelet's root directory stays the default: the snapshot agent's DaemonSet mounts
 # /var/lib/kubelet/pods, and kubelet's device-plugin directory there is not configurable anyway.
 kubelet_dir=/var/lib/kubelet
-# Host paths the node may create: kubelet; containerd 1.6's shim sockets (/run/containerd/s,
+# Host paths the node may create: kubelet (its root, and the /var/log/containers links, which
+# are not configurable); containerd 1.6's shim sockets (/run/containerd/s,
 # not configurable) and libcni's result cache (/var/lib/cni), both left behind by containers
 # that are killed rather than stopped through CRI; DirectoryOrCreate hostPath volumes of the
 # shipped DaemonSets; ip netns. Those absent at `up` are removed at `down`.
-created_paths=(/var/lib/kubelet /run/containerd /var/lib/cni /run/netns /run/lvm /run/lock /var/lib/drbd
-  /run/ucm-snapshot-agent)
+created_paths=(/var/lib/kubelet /var/log/containers /run/containerd /var/lib/cni /run/netns /run/lvm
+  /run/lock /var/lib/drbd /run/ucm-snapshot-agent)
 host_ip=10.213.0.1
 node_ip=10.213.0.2
 pod_cidr=10.244.0.0/24
@@ -151,6 +152,7 @@ authorization: {mode: AlwaysAllow}
 failSwapOn: false
 podCIDR: $pod_cidr
 resolvConf: /etc/resolv.conf
+podLogsDir: $state/pod-logs
 serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
