@@ -176,6 +176,8 @@ up() {
     die "$kubelet_dir is not empty: another kubelet uses this machine (or run '$0 down')"
   fi
   local t0=$SECONDS p
+  # A failed start takes down what it started (the logs stay in $state.logs).
+  trap 'rc=$?; trap - EXIT; if [ $rc -ne 0 ]; then say "up failed, cleaning up"; down; exit $rc; fi' EXIT
   mkdir -p "$state/pids" "$state/logs"
   for p in "${created_paths[@]}"; do [ -e "$p" ] || echo "$p"; done >"$state/created"
   # ip netns makes /run/netns a shared bind mount of itself the first time.
@@ -240,6 +242,7 @@ up() {
   wait_for 120 "node $name" "${kubectl[@]}" get node "$name"
   "${kubectl[@]}" wait --for=condition=Ready "node/$name" --timeout=120s >/dev/null ||
     die "node $name is not Ready; logs: $state/logs/kubelet.log"
+  trap - EXIT
   say "node $name Ready after $((SECONDS - t0))s; export KUBECONFIG=$state/cluster/kubeconfig"
 }
 
@@ -264,6 +267,7 @@ members() { find /sys/fs/cgroup/*/"$name" -name cgroup.procs -exec cat {} + 2>/d
 
 down() {
   [ "$(id -u)" -eq 0 ] || die "needs root"
+  [ -d "$state" ] || [ -e "$netns" ] || { say "not up"; return 0; }
   local t0=$SECONDS
   # Kubelet first, so it does not restart what is stopped next; then the runtime and the
   # control plane. Shims and containers are not children of containerd: killed by cgroup.
@@ -271,7 +275,7 @@ down() {
   stop 10 containerd
   # The control plane shuts down gracefully (in parallel) while shims and containers are killed.
   local graceful pids p tries=0
-  graceful=" $(cat "$state"/pids/* 2>/dev/null | tr '\n' ' ') "
+  graceful=" $(cat "$state"/pids/* 2>/dev/null | tr '\n' ' ' || true) "
   stop 40 forward scheduler kcm-workloads apiserver &
   local cp=$!
   while pids=$(members) && [ -n "$pids" ]; do
