@@ -8,11 +8,12 @@
 # down: stops all of it and restores what kubelet changed; leaves no process, mount, network
 #       namespace, cgroup or changed sysctl (hack/node-check.sh checks that).
 #
-# Needs root (network namespace, cgroups, mounts). Host side: one veth (UCM_NODE_NAME-h,
-# 10.213.0.1/30) so the API server reaches kubelet on the node's InternalIP, with a route to the
-# Pod CIDR over it; no other address, route or firewall rule. The node reaches the API server (host loopback) through
-# `kharness forward`; Pods reach it at the `kubernetes` Service IP through one DNAT rule in the
-# node's namespace. No kube-proxy and no CoreDNS yet: other Services do not route.
+# Needs root (network namespace, cgroups, mounts); one node per machine. Host side: one veth
+# (UCM_NODE_NAME-h, 10.213.0.1/30) so the API server reaches kubelet on the node's InternalIP,
+# with a route to the Pod CIDR over it; no other address, route or firewall rule. The node
+# reaches the API server (host loopback) through `kharness forward`; Pods reach it at the
+# `kubernetes` Service IP through one DNAT rule in the node's namespace. No kube-proxy and no
+# CoreDNS yet: other Services do not route. Tested on a hybrid cgroup v1 host (Debian 12).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -26,10 +27,10 @@ netns=/run/netns/$name
 # /var/lib/kubelet/pods, and kubelet's device-plugin directory there is not configurable anyway.
 kubelet_dir=/var/lib/kubelet
 # Host paths the node may create: kubelet (its root, and the /var/log/containers links, which
-# are not configurable); containerd 1.6's shim sockets (/run/containerd/s,
-# not configurable) and libcni's result cache (/var/lib/cni), both left behind by containers
-# that are killed rather than stopped through CRI; DirectoryOrCreate hostPath volumes of the
-# shipped DaemonSets; ip netns. Those absent at `up` are removed at `down`.
+# are not configurable); containerd 1.6's shim sockets (/run/containerd/s, not configurable)
+# and libcni's result cache (/var/lib/cni), both left behind by containers that are killed
+# rather than stopped through CRI; DirectoryOrCreate hostPath volumes of the shipped
+# DaemonSets; ip netns. Those absent at `up` are removed at `down`.
 created_paths=(/var/lib/kubelet /var/log/containers /run/containerd /var/lib/cni /run/netns /run/lvm
   /run/lock /var/lib/drbd /run/ucm-snapshot-agent)
 host_ip=10.213.0.1
@@ -47,8 +48,15 @@ die() {
   say "$*"
   exit 1
 }
-# Every cgroup hierarchy mounted under /sys/fs/cgroup (v1 controllers and the v2 "unified" one).
-hierarchies() { find /sys/fs/cgroup -mindepth 1 -maxdepth 1 -type d; }
+# Every cgroup hierarchy: on a v1 or hybrid host the mounts under /sys/fs/cgroup (v1
+# controllers and the v2 "unified" one); on a v2-only host /sys/fs/cgroup itself.
+hierarchies() {
+  if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
+    echo /sys/fs/cgroup
+  else
+    find /sys/fs/cgroup -mindepth 1 -maxdepth 1 -type d
+  fi
+}
 # The v2 hierarchy when the host is hybrid (v1 controllers + unified), or the v2 root.
 tracking() { if [ -d /sys/fs/cgroup/unified ]; then echo /sys/fs/cgroup/unified; else echo /sys/fs/cgroup; fi; }
 
@@ -263,7 +271,12 @@ stop() {
 }
 
 # Every process in /$name of any hierarchy: the daemons and everything they started.
-members() { find /sys/fs/cgroup/*/"$name" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -un; }
+members() {
+  local h
+  for h in $(hierarchies); do
+    if [ -d "$h/$name" ]; then find "$h/$name" -name cgroup.procs -exec cat {} + 2>/dev/null || true; fi
+  done | sort -un
+}
 
 down() {
   [ "$(id -u)" -eq 0 ] || die "needs root"
