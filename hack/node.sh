@@ -265,8 +265,13 @@ stop() {
   done
   [ ${#pids[@]} -gt 0 ] || return 0
   kill -TERM "${pids[@]}" 2>/dev/null || true
-  local end=$((SECONDS + t))
-  while kill -0 "${pids[@]}" 2>/dev/null && ((SECONDS < end)); do sleep 0.1; done
+  local end=$((SECONDS + t)) p left
+  while ((SECONDS < end)); do
+    left=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && left=1; done
+    [ $left = 1 ] || break
+    sleep 0.1
+  done
   kill -KILL "${pids[@]}" 2>/dev/null || true
 }
 
