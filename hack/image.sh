@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `hack/image.sh [ucm]` (`make image`): the ucm container image as an OCI archive, built from ./Dockerfile by buildah
-# (daemonless, rootful here) without a registry. The Dockerfile's `build` stage (rust:alpine, from a
-# registry) is replaced by a local directory holding a static glibc build and the host's CA
+# `hack/image.sh [ucm]` (`make image`): the ucm container image as an OCI archive, built from
+# ./Dockerfile by buildah (daemonless, rootful here) without a registry. The Dockerfile's `build`
+# stage (rust:alpine, from a registry) is replaced by a local directory holding a static glibc build and the host's CA
 # bundle (see the Dockerfile's header); the final FROM scratch stage is built as written.
 # Output: $UCM_IMAGE_ARCHIVE (default <target dir>/ucm-image.oci.tar), image
 # docker.io/library/ucm:<tag>, which is what config/default's `image: ucm` + newTag resolves to.
@@ -66,6 +66,6 @@ config=$(blob "$(jq -r '.config.digest' "$manifest")")
 mkdir "$check/rootfs"
 for layer in $(jq -r '.layers[].digest' "$manifest"); do tar -xf "$(blob "$layer")" -C "$check/rootfs"; done
 version=$("$check/rootfs/usr/local/bin/ucm" --version)
-grep -q '^nonroot:x:65532:65532:' "$check/rootfs/etc/passwd"
-[ ! -e "$check/rootfs/bin/sh" ]
+grep -q '^nonroot:x:65532:65532:' "$check/rootfs/etc/passwd" || { echo "no nonroot user in /etc/passwd" >&2; exit 1; }
+[ ! -e "$check/rootfs/bin/sh" ] || { echo "the image has a shell" >&2; exit 1; }
 echo "image $ref ($version, $(du -h "$out" | cut -f1)) -> $out"
