@@ -17,12 +17,16 @@ KHARNESS    := e2e/bin/kharness
 KUBECTL     := e2e/bin/kubectl
 HELM        := e2e/bin/helm
 PROMTOOL    := e2e/bin/promtool
+KUBELET     := e2e/bin/kubelet
+SCHEDULER   := e2e/bin/kube-scheduler
+PAUSE       := e2e/bin/pause
+NODE_BINS   := $(KHARNESS) $(KUBECTL) $(KUBELET) $(SCHEDULER) $(PAUSE)
 HELM_VERSION = $(shell awk '$$1=="helm.sh/helm/v4"{print $$2}' e2e/tools/helm/go.mod)
-GO_SOURCES  := $(shell find e2e/cmd -name '*.go' 2>/dev/null) e2e/go.mod e2e/go.sum
+GO_SOURCES  := $(shell find e2e/cmd/kharness -name '*.go' 2>/dev/null) e2e/go.mod e2e/go.sum
 
 export GOTOOLCHAIN := local
 
-.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench fuzz soak
+.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench fuzz soak image node node-down node-check
 
 build:
 	$(CARGO) build
@@ -67,6 +71,31 @@ $(PROMTOOL): e2e/tools/promtool/go.mod e2e/tools/promtool/go.sum
 
 cluster: $(KHARNESS) $(KUBECTL) $(HELM) $(PROMTOOL)
 
+# The ucm container image as an OCI archive ($(TARGET_DIR)/ucm-image.oci.tar), built from the
+# Dockerfile by buildah without Docker or a registry (hack/image.sh; installs buildah if missing).
+image:
+	hack/image.sh
+
+# A real node (containerd + runc + kubelet, kube-scheduler, bridge CNI) in its own network
+# namespace, on a control plane of its own (hack/node.sh; root). Not part of `test` yet.
+# `make node-down` stops it and restores the host; `make node-check` proves that it does.
+$(KUBELET) $(SCHEDULER): e2e/go.mod e2e/go.sum
+	cd e2e && $(GO_ENV) go build -ldflags "$(GO_LDFLAGS)" -o bin/$(notdir $@) k8s.io/kubernetes/cmd/$(notdir $@)
+
+$(PAUSE): e2e/cmd/pause/main.go
+	cd e2e && $(GO_ENV) go build -ldflags "-s -w" -o bin/pause ./cmd/pause
+
+node: image $(NODE_BINS)
+	hack/image.sh pause
+	hack/node.sh up
+
+node-down:
+	hack/node.sh down
+
+node-check: image $(NODE_BINS)
+	hack/image.sh pause
+	hack/node-check.sh
+
 # One shared control plane for every e2e test binary; tests needing their own start one.
 e2e: cluster build
 	hack/e2e.sh
@@ -76,8 +105,9 @@ test-deps:
 
 test: test-deps lint crds-check unit e2e
 
-run: build cluster
-	hack/run.sh
+# `make run NODE=1`: config/default on a real local node instead (hack/run-node.sh; root).
+run: build cluster $(if $(NODE),image $(NODE_BINS))
+	$(if $(NODE),hack/image.sh pause && hack/run-node.sh,hack/run.sh)
 
 # The benchmark suite (issue 9): writes bench/results.md and bench/results.json. Not part of `test`.
 # `UCM_BENCH_ONLY=<phase>[,<phase>] make bench` reruns some phases (see bench/results.md).

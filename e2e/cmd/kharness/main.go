@@ -4,12 +4,14 @@
 //
 //	kharness serve --dir D [--with-kcm] [--rm-dir] [--exit-on-stdin-eof] [--verbose] [-- apiserver flags]
 //	kharness kcm --kubeconfig D/kubeconfig [kube-controller-manager flags...]
+//	kharness forward --netns /run/netns/N --listen ADDR[,ADDR...] --to HOST:PORT
 package main
 
 import (
 	"fmt"
 	"log"
 	"os"
+	"strings"
 	_ "time/tzdata" // as cmd/kube-apiserver: time zone support for CronJob
 
 	"k8s.io/component-base/cli"
@@ -22,6 +24,7 @@ import (
 const usage = `usage:
   kharness serve --dir D [--with-kcm] [--rm-dir] [--exit-on-stdin-eof] [--verbose] [-- apiserver flags]
   kharness kcm --kubeconfig D/kubeconfig [kube-controller-manager flags...]
+  kharness forward --netns /run/netns/N --listen ADDR[,ADDR...] --to HOST:PORT
 `
 
 // logger writes to the real stderr: cli.Run redirects the standard log package into klog.
@@ -56,6 +59,8 @@ func main() {
 		os.Exit(serve(os.Args[2:]))
 	case "kcm":
 		os.Exit(kcm(os.Args[2:]))
+	case "forward":
+		os.Exit(forward(os.Args[2:]))
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
@@ -75,9 +80,23 @@ const kcmControllers = "garbage-collector-controller,namespace-controller,servic
 // and KCM share process-global state (feature gates, logging, metrics registries).
 func kcm(args []string) int {
 	cmd := kcmapp.NewControllerManagerCommand()
-	// Defaults first so that caller flags given later win.
-	defaults := []string{"--controllers=" + kcmControllers, "--leader-elect=false", "--secure-port=0"}
+	// Defaults first so that caller flags given later win. --controllers is a list flag whose
+	// second occurrence appends, so a caller's list replaces ours instead of following it.
+	defaults := []string{"--leader-elect=false", "--secure-port=0"}
+	if !hasFlag(args, "--controllers") {
+		defaults = append(defaults, "--controllers="+kcmControllers)
+	}
 	cmd.SetArgs(append(append(defaults, quietLogFlags()...), args...))
 	cmd.SetOut(os.Stderr)
 	return cli.Run(cmd)
+}
+
+// hasFlag reports whether args set the long flag name (as "name=v" or "name v").
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
 }

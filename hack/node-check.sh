@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# `make node-check`: brings the local node up, runs real Pods from the ucm image (a Pod running
+# `ucm --version` to completion, and config/default's manager Deployment until it is Available),
+# brings it down, and fails unless the host is as before: no process, mount, network namespace,
+# link, cgroup or sysctl of the node left behind. Needs root, like hack/node.sh.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+name=${UCM_NODE_NAME:-ucm-node}
+state=${UCM_NODE_DIR:-$root/.run/node}
+snap=$(mktemp -d)
+trap 'rm -rf "$snap"' EXIT
+kubectl=("$root/e2e/bin/kubectl" --kubeconfig "$state/cluster/kubeconfig")
+fail() {
+  echo "node-check: FAIL: $*" >&2
+  hack/node.sh down || true
+  exit 1
+}
+
+# Values that move on their own (counters, entropy, the last PID) are not state we could leave.
+volatile='^(fs\.(dentry-state|file-nr|inode-nr|inode-state|aio-nr|quota\.)|kernel\.(random\.|ns_last_pid|pty\.nr|sched_domain)|net\.netfilter\.nf_conntrack_count|vm\.(stat|nr_)|kernel\.(keys\.(gc_delay)|tainted))'
+snapshot() { # DIR
+  mkdir -p "$1"
+  sysctl -a 2>/dev/null | grep -Ev "$volatile" | sort >"$1/sysctl"
+  awk '{print $5}' /proc/self/mountinfo | sort >"$1/mounts"
+  ip netns list 2>/dev/null | awk '{print $1}' | sort >"$1/netns"
+  ip -o link | awk -F': ' '{print $2}' | sort >"$1/links"
+  find /sys/fs/cgroup -maxdepth 2 -type d | sort >"$1/cgroups"
+  ls /proc | grep -E '^[0-9]+$' | sort >"$1/pids"
+  # Where containerd, CNI and kubelet keep things by default (the node is configured not to).
+  { find /run/containerd /run/netns /var/lib/cni /var/lib/kubelet /var/lib/containerd /etc/cni \
+    /run/lvm /var/lib/drbd /run/ucm-snapshot-agent /var/log/pods /var/log/containers -maxdepth 3 2>/dev/null || true; } | sort >"$1/files"
+}
+
+snapshot "$snap/before"
+t0=$(date +%s.%N)
+hack/node.sh up
+t_up=$(date +%s.%N)
+
+# 1. A Pod from the ucm image, run to completion under PSA restricted. runAsNonRoot without a
+# runAsUser makes kubelet check the image's own USER: it must be numeric and not 0.
+ns=node-check
+"${kubectl[@]}" create namespace "$ns" >/dev/null
+"${kubectl[@]}" label namespace "$ns" pod-security.kubernetes.io/enforce=restricted >/dev/null
+until "${kubectl[@]}" -n "$ns" get serviceaccount default >/dev/null 2>&1; do sleep 0.2; done
+tag=$(awk '$1=="newTag:"{print $2; exit}' config/default/kustomization.yaml)
+"${kubectl[@]}" -n "$ns" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: ucm-version}
+spec:
+  restartPolicy: Never
+  securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}
+  containers:
+  - name: ucm
+    image: ucm:$tag
+    imagePullPolicy: Never
+    args: [--version]
+    securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+YAML
+"${kubectl[@]}" -n "$ns" wait --for=jsonpath='{.status.phase}'=Succeeded pod/ucm-version --timeout=120s >/dev/null ||
+  fail "pod ucm-version did not succeed: $("${kubectl[@]}" -n "$ns" get pod ucm-version -o jsonpath='{.status}')"
+out=$("${kubectl[@]}" -n "$ns" logs ucm-version)
+echo "node-check: pod ucm-version printed '$out'"
+[[ $out == ucm* ]] || fail "unexpected output from ucm --version: $out"
+t_pod=$(date +%s.%N)
+
+# 2. config/default exactly as shipped: the manager Deployment becomes Available (its readiness
+# probe answers in the Pod, and it reaches the API server with the shipped RBAC and CRDs).
+"${kubectl[@]}" apply --server-side --field-manager=node-check -k config/default >/dev/null
+"${kubectl[@]}" -n ucm-system wait --for=condition=Available deployment/ucm-controller-manager --timeout=180s >/dev/null ||
+  fail "manager not Available: $("${kubectl[@]}" -n ucm-system get pods -o wide 2>&1)"
+t_mgr=$(date +%s.%N)
+forbidden=$("${kubectl[@]}" -n ucm-system logs deployment/ucm-controller-manager | grep -ci forbidden || true)
+echo "node-check: config/default manager Available; 'forbidden' in its log: $forbidden lines"
+"${kubectl[@]}" get pods -A -o wide
+
+hack/node.sh down
+t_down=$(date +%s.%N)
+snapshot "$snap/after"
+
+status=0
+report() { # WHAT FILE FILTER
+  local new
+  new=$(comm -13 "$snap/before/$2" "$snap/after/$2" | grep -E "$3" || true)
+  if [ -n "$new" ]; then
+    echo "node-check: FAIL: $1 left behind:" >&2
+    echo "$new" | sed 's/^/  /' >&2
+    status=1
+  fi
+}
+changed=$(diff "$snap/before/sysctl" "$snap/after/sysctl" || true)
+[ -z "$changed" ] || {
+  echo "node-check: FAIL: sysctls changed:" >&2
+  echo "$changed" >&2
+  status=1
+}
+# Other developers share this machine: only what the node could have made counts.
+report "mounts" mounts "^$state/|^/run/netns/|^/run/containerd|/kubelet"
+report "network namespaces" netns "."
+report "links" links "^$name-h|^cni0|^veth"
+report "cgroups" cgroups "/$name\$|kubepods"
+# Processes: any new PID still alive whose cgroup or executable belongs to the node.
+for pid in $(comm -13 "$snap/before/pids" "$snap/after/pids"); do
+  [ -d "/proc/$pid" ] || continue
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
+  # Only this worktree's binaries, the runtime's, or anything in the node's cgroup: other
+  # developers' control planes (their own e2e/bin/kharness) are not ours.
+  case "$exe" in
+  "$root"/e2e/bin/* | /usr/bin/containerd* | */runc | "$state"/*) leaked=1 ;;
+  *) if grep -qE ":/$name(/|\$)" "/proc/$pid/cgroup" 2>/dev/null; then leaked=1; else leaked=0; fi ;;
+  esac
+  if [ "$leaked" = 1 ]; then
+    echo "node-check: FAIL: process left behind: $pid $exe" >&2
+    status=1
+  fi
+done
+[ ! -e "$state" ] || {
+  echo "node-check: FAIL: $state still exists" >&2
+  status=1
+}
+report "files" files "."
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1f", b - a}'; }
+echo "node-check: up $(elapsed "$t0" "$t_up")s, pod done +$(elapsed "$t_up" "$t_pod")s, manager Available +$(elapsed "$t_pod" "$t_mgr")s, down $(elapsed "$t_mgr" "$t_down")s"
+[ $status -eq 0 ] && echo "node-check: OK, nothing left behind"
+exit $status
