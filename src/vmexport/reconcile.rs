@@ -632,7 +632,26 @@ pub async fn run(rt: Runtime, cfg: Config) {
         stores,
         ttl_deletions,
     ));
+    tokio::spawn(ensure_ca_when_leading(rt.clone(), Arc::clone(&ctx)));
     rtc::run(&rt, CONTROLLER, controller, ctx, BACKOFF_CAP, reconcile).await;
+}
+
+/// The export proxy waits for the CA before it serves: the leader creates it as it starts
+/// leading rather than with the first export, so a fresh install is healthy before anyone
+/// exports. Once read or created it is known for the life of the process.
+async fn ensure_ca_when_leading(rt: Runtime, ctx: Arc<Context>) {
+    let mut leading = std::pin::pin!(rt.leadership.acquisitions());
+    loop {
+        tokio::select! {
+            _ = rt.shutdown.cancelled() => return,
+            next = leading.next() => if next.is_none() { return },
+        }
+        match ctx.ca().await {
+            Ok(_) => return,
+            // Passes retry it with their own backoff; the next acquisition tries again.
+            Err(e) => tracing::warn!(error = %rtc::error_chain(&e), "cannot ensure the export CA"),
+        }
+    }
 }
 
 /// `ucm_vmexport_exports{phase}` from the export cache, evaluated on every scrape.
