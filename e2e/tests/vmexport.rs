@@ -2637,3 +2637,38 @@ async fn e21_external_links_from_the_proxy_ingress() {
     })
     .await;
 }
+
+/// A fresh install is healthy before anyone exports: the export proxy of config/default waits
+/// for the CA, so the leader creates it as it starts leading; a restart keeps it.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e22_the_export_ca_exists_before_the_first_export_and_survives_a_restart() {
+    let env = TestEnv::new("vmx-e22").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    let m = manager(&env);
+    m.wait_ready().await;
+    let exports: Api<VirtualMachineExport> = Api::namespaced(c.clone(), &ns);
+    assert!(
+        exports
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    eventually(WAIT, "the export CA Secret", || async {
+        get_secret(&c, &ns, "ucm-export-ca").await.is_some()
+    })
+    .await;
+    let ca = get_secret(&c, &ns, "ucm-export-ca").await.unwrap();
+    let cert = String::from_utf8(data(&ca, "tls.crt")).unwrap();
+    assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"), "{cert}");
+    assert!(!data(&ca, "tls.key").is_empty());
+    drop(m);
+    let m = manager(&env);
+    m.wait_ready().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let again = get_secret(&c, &ns, "ucm-export-ca").await.unwrap();
+    assert_eq!(again.metadata.uid, ca.metadata.uid, "the CA was replaced");
+    assert_eq!(data(&again, "tls.crt"), data(&ca, "tls.crt"));
+}
