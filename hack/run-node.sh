@@ -30,17 +30,7 @@ out=$("${kubectl[@]}" apply --server-side --field-manager=ucm-run -k config/defa
 "${kubectl[@]}" -n ucm-system rollout status deployment/ucm-router --timeout=120s >/dev/null
 "${kubectl[@]}" -n ucm-system rollout status daemonset/ucm-snapshot-agent --timeout=120s >/dev/null
 
-"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f - >/dev/null <<'YAML'
-apiVersion: jumpstarter.dev/v1alpha1
-kind: Client
-metadata: {name: dev, namespace: default}
-spec: {}
----
-apiVersion: jumpstarter.dev/v1alpha1
-kind: Exporter
-metadata: {name: demo, namespace: default, labels: {board: demo}}
-spec: {}
-YAML
+"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f "$root/hack/demo-jumpstarter.yaml" >/dev/null
 # The in-cluster manager hands out both credentials: the demo is reconciled.
 for s in dev-client demo-exporter; do
   end=$((SECONDS + 60))

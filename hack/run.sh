@@ -56,17 +56,7 @@ TXT
 mgr=$!
 
 # Jumpstarter: a demo Client and Exporter, the router, and jmp configs holding their tokens.
-"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f - >/dev/null <<'YAML'
-apiVersion: jumpstarter.dev/v1alpha1
-kind: Client
-metadata: {name: dev, namespace: default}
-spec: {}
----
-apiVersion: jumpstarter.dev/v1alpha1
-kind: Exporter
-metadata: {name: demo, namespace: default, labels: {board: demo}}
-spec: {}
-YAML
+"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f "$root/hack/demo-jumpstarter.yaml" >/dev/null
 secret() { "${kubectl[@]}" -n default get secret "$1" -o "jsonpath={.data.$2}" 2>/dev/null | base64 -d; }
 for s in ucm-exporter-grpc-tls:tls\\.crt ucm-router-key:key dev-client:token demo-exporter:token; do
   until [ -n "$(secret "${s%%:*}" "${s#*:}")" ]; do
