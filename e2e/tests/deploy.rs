@@ -12,15 +12,13 @@
 //! feature's identity unable to touch another feature's resources, and the manager running as an
 //! identity bound only to the shipped roles.
 
-mod common;
-
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     process::Command,
 };
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::{
     api::{
         apps::v1::Deployment,
@@ -994,6 +992,8 @@ async fn manager_runs_as_the_shipped_identity() {
         );
         return;
     }
+    // Each feature runs in turn, snapshot included (see common::snapshot_coordinator).
+    let _coordinator = snapshot_coordinator().await;
     let env = TestEnv::new("deploy-identity").await;
     for f in features {
         let install = KustomizeInstall::apply(&env.kubeconfig, &format!("overlays/{f}"));

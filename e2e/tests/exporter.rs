@@ -2,11 +2,9 @@
 //! Tests act as an exporter would by patching Exporter status the way the gRPC service will.
 //! Spec: `../shared/spec/exporter.md` (its §11 item numbers are quoted as A<n>).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -118,24 +116,6 @@ fn lease_manifest(name: &str, spec: serde_json::Value) -> serde_json::Value {
            "metadata": {"name": name}, "spec": spec})
 }
 
-fn now_text() -> String {
-    rfc3339(Timestamp::now())
-}
-
-/// What the gRPC service writes on Register + ReportStatus(AVAILABLE).
-async fn report_available(exporters: &Api<Exporter>, name: &str) {
-    report(exporters, name, "Available", "Available").await;
-}
-
-async fn report(exporters: &Api<Exporter>, name: &str, status: &str, message: &str) {
-    let patch = json!({"status": {"lastSeen": now_text(), "devices": [], "exporterStatus": status,
-                                  "statusMessage": message}});
-    exporters
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .unwrap();
-}
-
 /// Reports the exporter alive until the manager has marked it `Online=True`. Reporting again
 /// keeps `lastSeen` fresh, so a slow first pass under load cannot see it stale already.
 async fn bring_online(exporters: &Api<Exporter>, name: &str) {
@@ -148,7 +128,7 @@ async fn bring_online(exporters: &Api<Exporter>, name: &str) {
                 .get(name)
                 .await
                 .ok()
-                .and_then(|e| condition(&e, "Online"))
+                .and_then(|e| exporter_condition(&e, "Online"))
                 .is_some_and(|c| c.0 == "True");
             if online {
                 return;
@@ -160,15 +140,6 @@ async fn bring_online(exporters: &Api<Exporter>, name: &str) {
             "exporter {name} not Online within {TIMEOUT:?}"
         );
     }
-}
-
-fn find_condition(conds: Option<&Vec<Condition>>, t: &str) -> Option<Condition> {
-    conds?.iter().find(|c| c.type_ == t).cloned()
-}
-
-fn condition(e: &Exporter, t: &str) -> Option<(String, String, String)> {
-    let c = find_condition(e.status.as_ref()?.conditions.as_ref(), t)?;
-    Some((c.status, c.reason, c.message))
 }
 
 fn lease_cond(l: &Lease, t: &str) -> Option<Condition> {
@@ -242,34 +213,6 @@ async fn events_of(client: &Client, ns: &str, name: &str) -> Vec<(String, String
             std::iter::repeat_n(one, n)
         })
         .collect()
-}
-
-/// The sum of the samples of metric `family` whose labels include every `want` pair.
-fn metric(text: &str, family: &str, want: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (head, value) = l.rsplit_once(' ')?;
-            let (name, labels) = match head.split_once('{') {
-                Some((n, rest)) => (n, rest.trim_end_matches('}')),
-                None => (head, ""),
-            };
-            let matches = name == family
-                && want
-                    .iter()
-                    .all(|(k, v)| labels.split(',').any(|pair| pair == format!("{k}=\"{v}\"")));
-            matches.then(|| value.parse::<f64>().ok()).flatten()
-        })
-        .sum()
-}
-
-/// Completed reconciles of one controller (every result).
-async fn reconciles(m: &Manager, controller: &str) -> f64 {
-    metric(
-        &m.metrics().await,
-        "controller_runtime_reconcile_total",
-        &[("controller", controller)],
-    )
 }
 
 async fn wait_reconciles(m: &Manager, controller: &str, above: f64) {
@@ -465,14 +408,17 @@ async fn exporter_credential_status_and_liveness() {
     assert_eq!(status.endpoint.as_deref(), Some("grpc.e2e:443"));
     assert_eq!(status.token_expires_at.unwrap().0.as_second(), claims.exp);
     assert_eq!(
-        condition(&e, "Online").unwrap(),
+        exporter_condition(&e, "Online").unwrap(),
         ("False".into(), "Seen".into(), "Never seen".into())
     );
     assert_eq!(status.status_message.as_deref(), Some("Never seen"));
-    assert_eq!(condition(&e, "Registered").unwrap().1, "Unregister");
+    assert_eq!(
+        exporter_condition(&e, "Registered").unwrap().1,
+        "Unregister"
+    );
     let exp = Timestamp::from_second(claims.exp).unwrap();
     assert_eq!(
-        condition(&e, "TokenExpiring").unwrap(),
+        exporter_condition(&e, "TokenExpiring").unwrap(),
         (
             "False".into(),
             "Valid".into(),
@@ -504,7 +450,7 @@ async fn exporter_credential_status_and_liveness() {
     bring_online(&exporters, "e1").await;
     let e = exporters.get("e1").await.unwrap();
     assert_eq!(
-        condition(&e, "Online").unwrap(),
+        exporter_condition(&e, "Online").unwrap(),
         (
             "True".into(),
             "Seen".into(),
@@ -512,7 +458,7 @@ async fn exporter_credential_status_and_liveness() {
         )
     );
     assert_eq!(
-        condition(&e, "Registered").unwrap(),
+        exporter_condition(&e, "Registered").unwrap(),
         ("True".into(), "Register".into(), String::new())
     );
 
@@ -536,7 +482,7 @@ async fn exporter_credential_status_and_liveness() {
         Some(format!("Connection lost - last seen more than {T} seconds ago").as_str())
     );
     assert_eq!(
-        condition(&e, "Online").unwrap(),
+        exporter_condition(&e, "Online").unwrap(),
         (
             "False".into(),
             "Seen".into(),
@@ -562,7 +508,7 @@ async fn exporter_credential_status_and_liveness() {
             .get("e1")
             .await
             .ok()
-            .and_then(|e| condition(&e, "Online"))
+            .and_then(|e| exporter_condition(&e, "Online"))
             == Some((
                 "False".into(),
                 "Offline".into(),
@@ -1041,6 +987,8 @@ fn key_secret(name: &str, pem: &str) -> serde_json::Value {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn signing_key_from_the_flags_secret() {
+    // The exporter and snapshot features run (see common::snapshot_coordinator).
+    let _coordinator = snapshot_coordinator().await;
     let env = TestEnv::new("exp-keysecret").await;
     let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
     let flag = "--exporter-signing-key-secret=lab-signing-key";
@@ -1155,6 +1103,8 @@ fn config_map(data: serde_json::Value) -> serde_json::Value {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn config_map_sets_the_token_lifetime_and_a_bad_one_is_reported() {
+    // The exporter and snapshot features run (see common::snapshot_coordinator).
+    let _coordinator = snapshot_coordinator().await;
     let env = TestEnv::new("exp-config").await;
     let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
     let exporters: Api<Exporter> = Api::namespaced(env.client.clone(), &env.ns);
@@ -1218,7 +1168,7 @@ async fn config_map_sets_the_token_lifetime_and_a_bad_one_is_reported() {
             .get("e1")
             .await
             .ok()
-            .and_then(|e| condition(&e, "TokenExpiring"))
+            .and_then(|e| exporter_condition(&e, "TokenExpiring"))
             == Some(want.clone())
     })
     .await;
@@ -1294,7 +1244,8 @@ async fn exporter_token_is_renewed_before_expiry_and_a_client_token_is_not() {
                 .and_then(|s| s.token_expires_at.as_ref())
                 .map(|t| t.0.as_second())
                 == Some(t1.exp)
-                && condition(&e, "TokenExpiring").is_some_and(|c| c.1 == "ExpiresWithin7Days")
+                && exporter_condition(&e, "TokenExpiring")
+                    .is_some_and(|c| c.1 == "ExpiresWithin7Days")
         })
     })
     .await;
@@ -1449,7 +1400,7 @@ async fn token_expiring_follows_the_token_in_the_secret() {
             );
             eventually(TIMEOUT, &format!("TokenExpiring {reason}"), || async {
                 exporters.get("e1").await.ok().is_some_and(|e| {
-                    condition(&e, "TokenExpiring") == Some(want.clone())
+                    exporter_condition(&e, "TokenExpiring") == Some(want.clone())
                         && e.status
                             .as_ref()
                             .and_then(|s| s.token_expires_at.as_ref())
@@ -1509,7 +1460,7 @@ async fn token_expiring_follows_the_token_in_the_secret() {
                 .get("e1")
                 .await
                 .ok()
-                .and_then(|e| condition(&e, "TokenExpiring"))
+                .and_then(|e| exporter_condition(&e, "TokenExpiring"))
                 .is_some_and(|c| c.1 == "Valid")
             && events_of(&env.client, &env.ns, "e1").await.iter().any(|(r, n, _)| {
                 r == "CredentialCreated"
@@ -2305,7 +2256,7 @@ async fn unchanged_objects_get_no_writes() {
                 .as_ref()
                 .and_then(|s| s.lease_ref.as_ref())
                 .is_some_and(|r| r.name == "running")
-                && condition(&e, "Online").is_some_and(|c| c.0 == "True")
+                && exporter_condition(&e, "Online").is_some_and(|c| c.0 == "True")
         });
         let client = clients
             .get("c1")

@@ -1,10 +1,9 @@
 //! Snapshot e2e (spec §16, protocol level): the manager and three real `ucm snapshot-agent`
 //! processes (one per fake node) against the local API server, with the fake barrier recording
 //! freeze/suspend/cut/resume/thaw per node and the loopfile backend in full-copy mode on real
-//! sparse files. MiroirSnapshot and MiroirVolume are cluster-scoped, so these tests run one at a
-//! time (one coordinator at a time on the shared cluster) and use unique names.
-
-mod common;
+//! sparse files. MiroirSnapshot and MiroirVolume are cluster-scoped, so each of these tests holds
+//! `sole_snapshot_coordinator()` (one coordinator at a time on the shared cluster) and uses unique
+//! names.
 
 use std::{
     path::PathBuf,
@@ -12,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::*;
+use crate::common::*;
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -22,9 +21,6 @@ use ucm::snapshot::{
     agent::barrier::fake::{self, FakeCluster, FakeEvent, FakeVolume},
     types::{MiroirSnapshot, MiroirVolume, SlotState, VOLUME_NAME_IMMUTABLE},
 };
-
-/// One coordinator at a time on the shared cluster.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Short timings so fault tests finish quickly; manager and agents agree on them.
 struct Timing {
@@ -430,7 +426,7 @@ fn ready_condition(s: &MiroirSnapshot) -> Option<(String, String, String)> {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn three_replica_round_publishes_with_identical_legs() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (rig, vol, snap, data) = Rig::three_replicas("snap-round").await;
     rig.create_snapshot(&snap, &vol).await;
 
@@ -611,7 +607,7 @@ fn open_round(s: &MiroirSnapshot) -> Option<String> {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn bad_input_is_refused_or_reported() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let mut rig = Rig::new("snap-input", &FAST).await;
     let vol = unique("pvc");
     let snap = unique("snap");
@@ -692,7 +688,7 @@ async fn bad_input_is_refused_or_reported() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn silent_agent_voids_the_round_and_the_next_round_succeeds() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (mut rig, vol, snap, data) = Rig::three_replicas("snap-void").await;
     // Node c's agent dies; its heartbeat is still fresh, so the round opens.
     rig.agent("c").kill();
@@ -822,7 +818,7 @@ async fn silent_agent_voids_the_round_and_the_next_round_succeeds() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn tie_breaker_never_gates_and_rounds_never_overlap() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let mut rig = Rig::new("snap-tb", &FAST).await;
     let vol = unique("pvc");
     let (s1, s2) = (unique("snap"), unique("snap"));
@@ -934,7 +930,7 @@ async fn tie_breaker_never_gates_and_rounds_never_overlap() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn manager_loss_mid_round_leaves_no_barrier_behind() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (mut rig, vol, snap, _data) = Rig::three_replicas("snap-mgr").await;
     rig.agent("c").kill();
     rig.create_snapshot(&snap, &vol).await;
@@ -970,7 +966,7 @@ async fn manager_loss_mid_round_leaves_no_barrier_behind() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn agent_stop_mid_round_reports_error_and_lifts() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (mut rig, vol, snap, _data) = Rig::three_replicas("snap-stop").await;
     rig.agent("c").kill();
     rig.create_snapshot(&snap, &vol).await;
@@ -1029,7 +1025,7 @@ async fn agent_stop_mid_round_reports_error_and_lifts() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn restarted_agents_adopt_or_report_lost_barriers() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (mut rig, vol, snap, _data) = Rig::three_replicas("snap-restart").await;
     rig.agent("c").kill();
     rig.create_snapshot(&snap, &vol).await;
@@ -1112,7 +1108,7 @@ fn set_fault(rig: &Rig, on: bool) {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn failing_suspend_clears_its_flag_and_voids_the_round() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (rig, vol, snap, _data) = Rig::three_replicas("snap-stuck").await;
     set_fault(&rig, true);
     rig.create_snapshot(&snap, &vol).await;
@@ -1167,7 +1163,7 @@ async fn failing_suspend_clears_its_flag_and_voids_the_round() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn agents_lift_before_the_manager_publishes() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (mut rig, vol, snap, data) = Rig::three_replicas("snap-i4").await;
     // c's agent is away (its heartbeat still fresh): the round opens and waits for it.
     rig.agent("c").kill();

@@ -2,13 +2,11 @@
 //! pod's status as the kubelet would), and the bridge test: the pod the reconciler rendered is
 //! run as a real `ucm export-server` and every internal link is downloaded through it.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::{LimitRange, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -644,7 +642,7 @@ impl Bridge {
             let ns = ns.to_string();
             let text = yaml.clone();
             let (ok, out) = tokio::task::spawn_blocking(move || {
-                common::kubectl(
+                crate::common::kubectl(
                     &kc,
                     &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
                     Some(&text),

@@ -4,12 +4,13 @@
 
 use std::fs;
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ucm::vmexport::certs;
+
+use crate::common::free_port;
 
 const SVC: &str = "virt-export-e1";
 const NS: &str = "ns1";
@@ -29,14 +30,6 @@ impl Drop for Server {
             let _ = c.wait();
         }
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn pattern(n: usize, seed: u32) -> Vec<u8> {

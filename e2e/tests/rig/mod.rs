@@ -457,13 +457,7 @@ impl World {
     /// What the gRPC service writes on Register + ReportStatus(AVAILABLE): the exporter is
     /// registered and seen now.
     pub async fn report_available(&self, name: &str) {
-        let now = now_rfc3339();
-        let patch = json!({"status": {"lastSeen": now, "devices": [], "exporterStatus": "Available",
-                                      "statusMessage": "Available"}});
-        self.exporters()
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .unwrap();
+        report_available(&self.exporters(), name).await;
     }
 
     pub async fn create_lease(&self, name: &str, selector: serde_json::Value, duration: &str) {
@@ -704,20 +698,6 @@ pub fn export_phase(e: &VirtualMachineExport) -> (String, String) {
     (st.phase.unwrap_or_default(), reason)
 }
 
-pub fn now_rfc3339() -> String {
-    jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", jiff::Timestamp::now()).unwrap()
-}
-
-pub fn condition(
-    conds: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
-    t: &str,
-) -> Option<(String, String, String)> {
-    conds?
-        .iter()
-        .find(|c| c.type_ == t)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
 pub fn slots(s: &MiroirSnapshot) -> BTreeMap<String, SlotState> {
     s.status
         .as_ref()
@@ -755,18 +735,6 @@ pub async fn wait_snapshot<F: Fn(&MiroirSnapshot) -> bool>(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Sums every sample of a counter family in a Prometheus text exposition.
-pub fn metric_sum(text: &str, family: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// The lines of a family, for messages.
@@ -812,8 +780,8 @@ pub fn server_port(kubeconfig: &Path) -> u16 {
 /// Resident memory (bytes) and open file descriptors of a process, from its /metrics.
 pub fn process_figures(metrics: &str) -> (f64, f64) {
     (
-        metric_sum(metrics, "process_resident_memory_bytes"),
-        metric_sum(metrics, "process_open_fds"),
+        metric(metrics, "process_resident_memory_bytes", &[]),
+        metric(metrics, "process_open_fds", &[]),
     )
 }
 

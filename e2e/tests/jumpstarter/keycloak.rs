@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::common::{free_port, repo_root, tail};
+use crate::common::{free_port, repo_root, tail};
 
 pub struct Keycloak {
     pub base: String,
