@@ -420,7 +420,7 @@ impl Lab {
     }
 
     async fn wait_available(&self, what: &str) -> Exporter {
-        self.wait_exporter(TIMEOUT, what, |e| exporter_available(e))
+        self.wait_exporter(TIMEOUT, what, exporter_available)
             .await
             .0
     }

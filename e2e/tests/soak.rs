@@ -454,3 +454,11 @@ async fn owns_anything(w: &World, kind: &str, name: &str) -> bool {
         _ => true,
     }
 }
+
+/// Resident memory (bytes) and open file descriptors of a process, from its /metrics.
+fn process_figures(metrics: &str) -> (f64, f64) {
+    (
+        metric(metrics, "process_resident_memory_bytes", &[]),
+        metric(metrics, "process_open_fds", &[]),
+    )
+}

@@ -2,8 +2,8 @@
 //! flight — Exporters with Leases, MiroirSnapshot rounds with real `ucm snapshot-agent`s (fake
 //! barrier, loopfile backend), VirtualMachineExports whose Pods the test marks ready as a
 //! kubelet would — plus the actors a fault hits: the managers, the agents, an exporter speaking
-//! gRPC, an export-server process, and a TCP proxy that drops connections.
-#![allow(dead_code)]
+//! gRPC, an export-server process, and a TCP proxy that drops connections. Also the world of
+//! the snapshot tests (snapshot.rs).
 
 pub mod exporter_client;
 pub mod proxy;
@@ -54,7 +54,8 @@ pub const FAST: Timing = Timing {
 /// A `ucm snapshot-agent` subprocess for one fake node. Dropping it sends SIGTERM and waits.
 pub struct AgentProc {
     pub node: String,
-    child: Option<Child>,
+    /// A test that stops the agent its own way takes it.
+    pub child: Option<Child>,
     log: PathBuf,
 }
 
@@ -252,8 +253,8 @@ impl World {
             .join(format!("{snap}.img"))
     }
 
-    /// The fake kernel's view of `vol`: Primary (mounted) on `primary`, every leg UpToDate.
-    pub fn set_fake_volume(&self, vol: &str, primary: &str, nodes: &[&str]) {
+    /// The fake kernel's view of `vol`: Primary (mounted) on `primary`, legs in these disk states.
+    pub fn set_fake_volume(&self, vol: &str, primary: &str, legs: &[(&str, &str)]) {
         std::fs::create_dir_all(self.fake_dir()).unwrap();
         let mut c: FakeCluster = std::fs::read(fake::cluster_path(&self.fake_dir()))
             .ok()
@@ -263,9 +264,9 @@ impl World {
             vol.to_string(),
             FakeVolume {
                 primary: Some(self.node(primary)),
-                legs: nodes
+                legs: legs
                     .iter()
-                    .map(|n| (self.node(n), "UpToDate".to_string()))
+                    .map(|(n, d)| (self.node(n), d.to_string()))
                     .collect(),
             },
         );
@@ -276,7 +277,8 @@ impl World {
     /// volume replicated on `nodes`; returns the volume's bytes.
     pub async fn volume(&self, vol: &str, nodes: &[&str], size: u64) -> Vec<u8> {
         let data = self.write_volume_files(vol, nodes, size);
-        self.set_fake_volume(vol, nodes[0], nodes);
+        let legs: Vec<_> = nodes.iter().map(|n| (*n, "UpToDate")).collect();
+        self.set_fake_volume(vol, nodes[0], &legs);
         let replicas: Vec<_> = nodes
             .iter()
             .map(|n| json!({"node": self.node(n), "backend": "loopfile"}))
@@ -775,14 +777,6 @@ pub fn server_port(kubeconfig: &Path) -> u16 {
         .next()
         .and_then(|p| p.trim_end_matches('/').parse().ok())
         .expect("server port")
-}
-
-/// Resident memory (bytes) and open file descriptors of a process, from its /metrics.
-pub fn process_figures(metrics: &str) -> (f64, f64) {
-    (
-        metric(metrics, "process_resident_memory_bytes", &[]),
-        metric(metrics, "process_open_fds", &[]),
-    )
 }
 
 /// What the kubelet would write for a running, ready export server.
