@@ -1,4 +1,4 @@
-//! The e2e fixture (local-cluster.md §6): one real control plane per test binary (or the one named
+//! The e2e fixture (local-cluster.md §6): one real control plane per test process (or the one named
 //! by `UCM_E2E_KUBECONFIG`), a fresh namespace per test, ucm's CRDs installed once, the manager as
 //! a real subprocess, and control planes of a test's own for tests that restart or strip the API.
 //! A missing prerequisite fails loudly; nothing is skipped.
