@@ -67,7 +67,7 @@ $(PROMTOOL): e2e/tools/promtool/go.mod e2e/tools/promtool/go.sum
 
 cluster: $(KHARNESS) $(KUBECTL) $(HELM) $(PROMTOOL)
 
-# One shared control plane for every e2e test binary; tests needing their own start one.
+# One shared control plane for the e2e suite (one test binary); tests needing their own start one.
 e2e: cluster build
 	hack/e2e.sh
 
