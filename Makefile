@@ -96,7 +96,7 @@ node-check: image $(NODE_BINS)
 	hack/image.sh pause
 	hack/node-check.sh
 
-# One shared control plane for every e2e test binary; tests needing their own start one.
+# One shared control plane for the e2e suite (one test binary); tests needing their own start one.
 e2e: cluster build
 	hack/e2e.sh
 

@@ -9,6 +9,8 @@
 //! counts × this factor, default 1; anything else is marked in the results),
 //! `UCM_BENCH_OUT` (default `bench/`), `UCM_BENCH_EXPORT_MIB` (default 2048).
 
+// The e2e fixture; the benchmarks use only part of it.
+#[allow(dead_code)]
 #[path = "../../e2e/tests/common/mod.rs"]
 mod common;
 

@@ -9,19 +9,14 @@
 //!
 //! It prints the number of invalid inputs tried per CRD (the README's Reliability figure).
 
-mod common;
-
-#[path = "bad_input/hostile.rs"]
 mod hostile;
-#[path = "bad_input/schema_cases.rs"]
 mod schema_cases;
-#[path = "bad_input/serve_cases.rs"]
 mod serve_cases;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Secret};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -597,20 +592,6 @@ impl Controls<'_> {
         .await;
     }
 
-    /// What an exporter's gRPC Register + ReportStatus(AVAILABLE) write.
-    async fn report_available(&self, name: &str) {
-        let now = jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", jiff::Timestamp::now()).unwrap();
-        self.api(Crd::Exporter)
-            .patch_status(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"lastSeen": now, "devices": [],
-                    "exporterStatus": "Available", "statusMessage": "Available"}})),
-            )
-            .await
-            .unwrap();
-    }
-
     /// Exporter, Client, ExporterAccessPolicy and Lease: a credential each, an Online exporter
     /// and a lease acquired with the policy's priority.
     async fn jumpstarter(&self, lease: &str) {
@@ -642,7 +623,7 @@ impl Controls<'_> {
         }
         self.secret_exists("ctl-exporter").await;
         self.secret_exists("ctl-client").await;
-        self.report_available("ctl").await;
+        report_available(&Api::namespaced(self.client.clone(), self.ns), "ctl").await;
         self.wait_for(Crd::Exporter, "ctl", "Online=True", |d| {
             d["status"]["conditions"].as_array().is_some_and(|cs| {
                 cs.iter()
@@ -797,6 +778,8 @@ fn reconcile_errors(metrics: &str) -> BTreeMap<String, f64> {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn bad_input_is_refused_or_reported() {
+    // Every feature runs, snapshot included (see common::snapshot_coordinator).
+    let _coordinator = snapshot_coordinator().await;
     let env = TestEnv::new("bad-input").await;
     let u = unique("bi");
     let dir = tempfile::Builder::new()

@@ -1,11 +1,9 @@
 //! The local control plane is a real one: schema and CEL validation, the status subresource,
 //! garbage collection, RBAC and Leases behave as in a cluster (issue: local control plane).
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::{
     api::{
         coordination::v1::Lease,

@@ -9,10 +9,7 @@
 //! - A proxy between manager and API server drops connections at random.
 //!
 //! MiroirSnapshots are cluster-scoped, so tests that run the snapshot feature on the shared
-//! cluster take `SERIAL` (one coordinator at a time). Longer runs are in `soak.rs`.
-
-mod common;
-mod rig;
+//! cluster hold `sole_snapshot_coordinator()` (one coordinator at a time). Longer runs are in `soak.rs`.
 
 use std::{
     collections::BTreeMap,
@@ -21,24 +18,22 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::*;
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::{
-    Api, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams},
-};
-use rig::{
+use crate::common::*;
+use crate::rig::{
     World,
     exporter_client::{ExporterClient, Report, next_status},
     proxy::Proxy,
     work::Monitor,
     *,
 };
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams},
+};
 use serde_json::json;
 use ucm::exporter::crd::HookPhase;
 use ucm::snapshot::types::SlotState;
-
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const SETTLE: Duration = Duration::from_secs(90);
 
@@ -68,7 +63,7 @@ async fn api_server_restart_mid_work_loses_nothing() {
     let client = client_for(&kubeconfig).await;
     install_crds(&client).await;
     let ns = create_namespace(&client, "faults-restart").await;
-    let mut w = World::new(client.clone(), &kubeconfig, &ns, rig::FAST);
+    let mut w = World::new(client.clone(), &kubeconfig, &ns, crate::rig::FAST);
     for n in ["a", "b", "c"] {
         w.start_agent(n);
     }
@@ -92,7 +87,7 @@ async fn api_server_restart_mid_work_loses_nothing() {
     w.wait_agents_alive(&["a", "b", "c"]).await;
     let work = w.start_work(Duration::from_secs(12)).await;
     let pid = m.pid();
-    let errors_before = metric_sum(&m.metrics().await, "ucm_watch_errors_total");
+    let errors_before = metric(&m.metrics().await, "ucm_watch_errors_total", &[]);
 
     // The fault: the control plane process dies (etcd's data stays on disk) and comes back on
     // the same address after longer than the renew deadline, so leadership is lost too.
@@ -124,7 +119,7 @@ async fn api_server_restart_mid_work_loses_nothing() {
     eventually(TIMEOUT, "leadership to be re-acquired", || is_leader(&m)).await;
     let text = m.metrics().await;
     assert!(
-        metric_sum(&text, "ucm_watch_errors_total") > errors_before,
+        metric(&text, "ucm_watch_errors_total", &[]) > errors_before,
         "no watch error counted across the outage:\n{}",
         metric_lines(&text, "ucm_watch_errors_total")
     );
@@ -167,9 +162,14 @@ async fn api_server_restart_mid_work_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn leader_sigkill_mid_work_standby_finishes() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let env = TestEnv::new("faults-leader").await;
-    let mut w = World::new(env.client.clone(), &env.kubeconfig, &env.ns, rig::FAST);
+    let mut w = World::new(
+        env.client.clone(),
+        &env.kubeconfig,
+        &env.ns,
+        crate::rig::FAST,
+    );
     for n in ["a", "b", "c"] {
         w.start_agent(n);
     }
@@ -256,7 +256,12 @@ async fn leader_label(w: &World, pod: &str) -> Option<bool> {
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn leader_label_is_written_even_when_the_first_write_fails() {
     let env = TestEnv::new("faults-label").await;
-    let w = World::new(env.client.clone(), &env.kubeconfig, &env.ns, rig::FAST);
+    let w = World::new(
+        env.client.clone(),
+        &env.kubeconfig,
+        &env.ns,
+        crate::rig::FAST,
+    );
     let m = Manager::start(ManagerOpts {
         env: vec![("POD_NAME".into(), "mgr-late".into())],
         ..w.manager_opts(&env.kubeconfig, free_port(), Some(&unique("ucm-faults")))
@@ -288,9 +293,14 @@ async fn leader_label_is_written_even_when_the_first_write_fails() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn snapshot_agent_killed_holding_its_barrier_recovers() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let env = TestEnv::new("faults-agent").await;
-    let mut w = World::new(env.client.clone(), &env.kubeconfig, &env.ns, rig::FAST);
+    let mut w = World::new(
+        env.client.clone(),
+        &env.kubeconfig,
+        &env.ns,
+        crate::rig::FAST,
+    );
     for n in ["a", "b", "c"] {
         w.start_agent(n);
     }
@@ -376,15 +386,7 @@ async fn snapshot_agent_killed_holding_its_barrier_recovers() {
         assert!(cuts.last().is_some_and(|t| *t >= round_ns), "node {n}");
     }
     let text = m.metrics().await;
-    let rounds = |r: &str| {
-        metric_sum(
-            &metric_lines(
-                &text,
-                &format!("ucm_snapshot_rounds_total{{result=\"{r}\"}}"),
-            ),
-            "ucm_snapshot_rounds_total",
-        )
-    };
+    let rounds = |r: &str| metric(&text, "ucm_snapshot_rounds_total", &[("result", r)]);
     assert!(
         rounds("expired") >= 1.0 && rounds("success") == 1.0,
         "{}",
@@ -427,7 +429,12 @@ async fn wait_hook(w: &World, name: &str, phase: HookPhase, attempts: i64) {
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn exporter_killed_mid_hook_recovers() {
     let env = TestEnv::new("faults-hook").await;
-    let w = World::new(env.client.clone(), &env.kubeconfig, &env.ns, rig::FAST);
+    let w = World::new(
+        env.client.clone(),
+        &env.kubeconfig,
+        &env.ns,
+        crate::rig::FAST,
+    );
     let grpc = free_port();
     let m = Manager::start(
         w.manager_opts(&env.kubeconfig, grpc, None)
@@ -662,7 +669,12 @@ fn curl(root: &Path, url: &str, port: u16, token: &str, out: &Path, extra: &[&st
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn export_pod_deleted_mid_download_resumes() {
     let env = TestEnv::new("faults-pod").await;
-    let w = World::new(env.client.clone(), &env.kubeconfig, &env.ns, rig::FAST);
+    let w = World::new(
+        env.client.clone(),
+        &env.kubeconfig,
+        &env.ns,
+        crate::rig::FAST,
+    );
     let m = Manager::start(ManagerOpts::new(&env.kubeconfig, &env.ns).only("vmexport"));
     m.wait_ready().await;
     w.create_pvc("disk").await;
@@ -762,9 +774,14 @@ async fn export_pod_deleted_mid_download_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn watch_disruption_then_everything_converges() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let env = TestEnv::new("faults-proxy").await;
-    let mut w = World::new(env.client.clone(), &env.kubeconfig, &env.ns, rig::FAST);
+    let mut w = World::new(
+        env.client.clone(),
+        &env.kubeconfig,
+        &env.ns,
+        crate::rig::FAST,
+    );
     for n in ["a", "b", "c"] {
         w.start_agent(n);
     }
@@ -833,7 +850,12 @@ async fn watch_disruption_then_everything_converges() {
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn manager_started_while_the_api_is_unreachable_starts_once_it_answers() {
     let env = TestEnv::new("faults-unreachable").await;
-    let w = World::new(env.client.clone(), &env.kubeconfig, &env.ns, rig::FAST);
+    let w = World::new(
+        env.client.clone(),
+        &env.kubeconfig,
+        &env.ns,
+        crate::rig::FAST,
+    );
     let proxy = Proxy::start(server_port(&env.kubeconfig)).await;
     let via = shipped_identity_via(&w, &["exporter", "vmexport"], proxy.port);
     proxy.refuse(true);

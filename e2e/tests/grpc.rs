@@ -3,12 +3,10 @@
 //! installed by `hack/jumpstarter-venv.sh` (the test setup installs them itself; a missing
 //! prerequisite fails the test).
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// A35: the committed descriptor set equals a fresh extraction from jumpstarter-protocol 0.9.0
 /// (reflection serving those bytes verbatim is a unit test in `exporter::proto`).

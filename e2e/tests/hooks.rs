@@ -10,8 +10,6 @@
 //! (`DECLARING_LAUNCHER`), so ucm keeps the record from what the exporter reports. The failure
 //! test runs the exporter exactly as users do.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -27,7 +25,7 @@ use ucm::exporter::crd::{
     Exporter, ExporterStatusValue as S, HookPhase, HookState, Lease, LeaseHooks,
 };
 
-use common::*;
+use crate::common::*;
 
 /// `jmp run` (parent + forked serving child in its own process group). Dropping it stops both:
 /// SIGTERM (the exporter unregisters), then SIGKILL of the child's group if needed.
@@ -172,7 +170,7 @@ impl Lab {
         let path = self.dir.path().join("exporter.yaml");
         std::fs::write(
             &path,
-            serde_yaml::to_string(&serde_json::json!({
+            serde_saphyr::to_string(&serde_json::json!({
                 "apiVersion": "jumpstarter.dev/v1alpha1",
                 "kind": "ExporterConfig",
                 "metadata": {"namespace": self.env.ns, "name": EXPORTER},
@@ -255,7 +253,7 @@ impl Lab {
 
     /// Applies a Lease by selector with kubectl, as a user would; returns it as created.
     async fn apply_lease(&self, name: &str, duration: &str) -> Lease {
-        let manifest = serde_yaml::to_string(&serde_json::json!({
+        let manifest = serde_saphyr::to_string(&serde_json::json!({
             "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Lease",
             "metadata": {"name": name, "namespace": self.env.ns},
             "spec": {
@@ -274,26 +272,6 @@ impl Lab {
         assert!(ok, "kubectl apply of the Lease failed: {out}");
         self.leases().get(name).await.unwrap()
     }
-}
-
-fn status(e: &Exporter) -> Option<S> {
-    e.status.as_ref().and_then(|s| s.exporter_status)
-}
-
-fn condition(e: &Exporter, t: &str) -> Option<String> {
-    e.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == t)
-        .map(|c| c.status.clone())
-}
-
-fn available(e: &Exporter) -> bool {
-    status(e) == Some(S::Available)
-        && condition(e, "Online").as_deref() == Some("True")
-        && condition(e, "Registered").as_deref() == Some("True")
 }
 
 fn record(e: &Exporter) -> Option<LeaseHooks> {
@@ -316,7 +294,7 @@ fn record_history(api: Api<Exporter>) -> Arc<Mutex<Vec<Snapshot>>> {
         let mut events = watcher::watcher(api, cfg).boxed();
         while let Some(ev) = events.next().await {
             if let Ok(watcher::Event::Apply(e) | watcher::Event::InitApply(e)) = ev {
-                let entry = (status(&e), record(&e));
+                let entry = (exporter_status(&e), record(&e));
                 let mut v = out.lock().unwrap();
                 if v.last() != Some(&entry) {
                     v.push(entry);
@@ -361,7 +339,7 @@ async fn hooks_real_exporter_status_sequence_and_record() {
     }));
     let exporter = lab.run_exporter(&cfg, true);
     let e = lab
-        .wait_exporter("registered and Available", available)
+        .wait_exporter("registered and Available", exporter_available)
         .await;
     let st = e.status.unwrap();
     assert_eq!(st.records_lease_hooks, Some(true), "the declaration");
@@ -372,7 +350,7 @@ async fn hooks_real_exporter_status_sequence_and_record() {
     let lease = lab.apply_lease("hooked-lease", "6s").await;
     let done = lab
         .wait_exporter("back to Available after the afterLease hook", |e| {
-            available(e)
+            exporter_available(e)
                 && record(e).is_some_and(|r| phase(&r.after_lease) == Some(HookPhase::Succeeded))
         })
         .await;
@@ -469,7 +447,7 @@ async fn hooks_failing_before_lease_with_end_lease_ends_the_lease() {
         },
     }));
     let exporter = lab.run_exporter(&cfg, false);
-    lab.wait_exporter("registered and Available", available)
+    lab.wait_exporter("registered and Available", exporter_available)
         .await;
     let history = record_history(lab.exporters());
     // Long enough that only the hook failure can end it within the test.
@@ -511,7 +489,7 @@ async fn hooks_failing_before_lease_with_end_lease_ends_the_lease() {
 
     let e = lab
         .wait_exporter("Available again without a lease", |e| {
-            available(e) && e.status.as_ref().is_some_and(|s| s.lease_ref.is_none())
+            exporter_available(e) && e.status.as_ref().is_some_and(|s| s.lease_ref.is_none())
         })
         .await;
     // Let the exporter's last reports land, then read the sequence.
@@ -658,7 +636,7 @@ async fn hooks_record_survives_exporter_restart() {
     }
     assert!(out.contains("ACK v1"), "{out}");
     assert_eq!(line(&out, "REGISTER_RECORD"), serde_json::Value::Null);
-    lab.wait_exporter("registered and Available", available)
+    lab.wait_exporter("registered and Available", exporter_available)
         .await;
 
     let lease = lab.apply_lease("l1", "10m").await;
@@ -691,7 +669,7 @@ async fn hooks_record_survives_exporter_restart() {
     let e = lab.exporters().get(EXPORTER).await.unwrap();
     let b = record(&e).unwrap().before_lease.unwrap();
     assert_eq!((b.phase, b.attempts), (HookPhase::Succeeded, Some(1)));
-    assert_eq!(status(&e), Some(S::LeaseReady));
+    assert_eq!(exporter_status(&e), Some(S::LeaseReady));
 
     // The lease ends while the exporter is down; it now owes afterLease for l1.
     let kubeconfig = lab.env.kubeconfig.clone();

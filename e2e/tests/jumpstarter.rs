@@ -8,7 +8,6 @@
 //! the client trusts it through `tls.ca`, and the router serves the same stored certificate, so
 //! both ways upstream configs trust a controller are covered.
 
-mod common;
 mod keycloak;
 
 use std::path::{Path, PathBuf};
@@ -20,7 +19,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use ucm::exporter::crd::{Exporter, ExporterStatusValue, Lease};
 
-use common::*;
+use crate::common::*;
 
 /// `ucm router` as a subprocess; SIGTERM on drop.
 struct Router {
@@ -150,9 +149,9 @@ async fn run_ok(mut cmd: Command, what: &str) -> String {
 
 fn edit_yaml(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let mut v: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     f(&mut v);
-    std::fs::write(path, serde_yaml::to_string(&v).unwrap()).unwrap();
+    std::fs::write(path, serde_saphyr::to_string(&v).unwrap()).unwrap();
 }
 
 const EXPORTER: &str = "bench-1";
@@ -173,20 +172,6 @@ struct Lab {
     cert: Vec<u8>,
     exporter_token: String,
     client_token: String,
-}
-
-fn status(e: &Exporter) -> Option<ExporterStatusValue> {
-    e.status.as_ref().and_then(|s| s.exporter_status)
-}
-
-fn condition(e: &Exporter, t: &str) -> Option<String> {
-    e.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == t)
-        .map(|c| c.status.clone())
 }
 
 fn lease_ref(e: &Exporter) -> Option<String> {
@@ -435,13 +420,9 @@ impl Lab {
     }
 
     async fn wait_available(&self, what: &str) -> Exporter {
-        self.wait_exporter(TIMEOUT, what, |e| {
-            status(e) == Some(ExporterStatusValue::Available)
-                && condition(e, "Online").as_deref() == Some("True")
-                && condition(e, "Registered").as_deref() == Some("True")
-        })
-        .await
-        .0
+        self.wait_exporter(TIMEOUT, what, exporter_available)
+            .await
+            .0
     }
 }
 
@@ -507,10 +488,13 @@ async fn real_exporter_and_jmp_lease_round_trip() {
     let (e, _) = lab
         .wait_exporter(TIMEOUT, "leased and ready", |e| {
             lease_ref(e).as_deref() == Some(lease_name.as_str())
-                && status(e) == Some(ExporterStatusValue::LeaseReady)
+                && exporter_status(e) == Some(ExporterStatusValue::LeaseReady)
         })
         .await;
-    assert_eq!(condition(&e, "Online").as_deref(), Some("True"));
+    assert_eq!(
+        exporter_condition(&e, "Online").map(|c| c.0).as_deref(),
+        Some("True")
+    );
     let (ok, out, err) = lab.jmp(&["get", "leases", "-o", "json"]).await;
     assert!(ok, "jmp get leases failed:\n{out}\n{err}");
     let leases: serde_json::Value = serde_json::from_str(&out).expect(&out);
@@ -562,7 +546,7 @@ async fn real_exporter_and_jmp_lease_round_trip() {
     })
     .await;
     lab.wait_exporter(TIMEOUT, "available again without a leaseRef", |e| {
-        lease_ref(e).is_none() && status(e) == Some(ExporterStatusValue::Available)
+        lease_ref(e).is_none() && exporter_status(e) == Some(ExporterStatusValue::Available)
     })
     .await;
     let metrics = lab.mgr.metrics().await;
@@ -582,8 +566,8 @@ async fn real_exporter_and_jmp_lease_round_trip() {
     assert!(exit.is_some(), "jmp run did not exit on SIGTERM");
     let (e, seen) = lab
         .wait_exporter(Duration::from_secs(20), "offline after SIGTERM", |e| {
-            status(e) == Some(ExporterStatusValue::Offline)
-                && condition(e, "Online").as_deref() == Some("False")
+            exporter_status(e) == Some(ExporterStatusValue::Offline)
+                && exporter_condition(e, "Online").is_some_and(|c| c.0 == "False")
         })
         .await;
     eprintln!("SIGTERM: Offline after {:?}", seen - stopped);
@@ -591,7 +575,10 @@ async fn real_exporter_and_jmp_lease_round_trip() {
         seen - stopped < Duration::from_secs(20),
         "Offline must come from the goodbye, not the 60s threshold"
     );
-    assert_eq!(condition(&e, "Registered").as_deref(), Some("False"));
+    assert_eq!(
+        exporter_condition(&e, "Registered").map(|c| c.0).as_deref(),
+        Some("False")
+    );
     let secrets: Api<Secret> = Api::namespaced(lab.env.client.clone(), &lab.env.ns);
     for s in [format!("{EXPORTER}-exporter"), format!("{CLIENT}-client")] {
         let token = String::from_utf8(secret_data(&secrets, &s, "token").await).unwrap();
@@ -628,8 +615,8 @@ async fn killed_exporter_goes_offline_at_the_threshold_and_returns() {
     exporter.kill();
     let (e, seen) = lab
         .wait_exporter(T + Duration::from_secs(30), "offline after SIGKILL", |e| {
-            status(e) == Some(ExporterStatusValue::Offline)
-                && condition(e, "Online").as_deref() == Some("False")
+            exporter_status(e) == Some(ExporterStatusValue::Offline)
+                && exporter_condition(e, "Online").is_some_and(|c| c.0 == "False")
         })
         .await;
     let st = e.status.clone().unwrap();
@@ -885,7 +872,7 @@ fn oidc_config(
     k8s: bool,
     provision: bool,
 ) -> String {
-    serde_yaml::to_string(&serde_json::json!({
+    serde_saphyr::to_string(&serde_json::json!({
         "authentication": {
             "k8s": {"enabled": k8s},
             "jwt": [{
@@ -1055,7 +1042,7 @@ async fn oidc_jmp_login_lease_and_refusals() {
         .dir
         .path()
         .join("home/.config/jumpstarter/clients/alice-dev.yaml");
-    let saved: serde_json::Value = serde_yaml::from_str(
+    let saved: serde_json::Value = serde_saphyr::from_str(
         &std::fs::read_to_string(&alice_cfg).expect("jmp login saved no config"),
     )
     .unwrap();
@@ -1100,7 +1087,7 @@ async fn oidc_jmp_login_lease_and_refusals() {
     );
     lab.wait_exporter(TIMEOUT, "leased and ready", |e| {
         lease_ref(e).as_deref() == Some(lease_name.as_str())
-            && status(e) == Some(ExporterStatusValue::LeaseReady)
+            && exporter_status(e) == Some(ExporterStatusValue::LeaseReady)
     })
     .await;
     let (ok, out, err) = lab

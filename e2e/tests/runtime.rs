@@ -1,14 +1,12 @@
 //! The shared manager runtime as a real process: leader election with a warm standby, hand-over
 //! on SIGTERM, readiness, metrics, missing CRDs, and flag errors.
 
-mod common;
-
 use std::{
     process::Command,
     time::{Duration, Instant},
 };
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::{
     api::coordination::v1::Lease,
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
@@ -38,6 +36,8 @@ fn is_leader(metrics: &str, id: &str) -> bool {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn two_replicas_elect_one_leader_and_hand_over_on_sigterm() {
+    // The first registered feature is snapshot (see common::snapshot_coordinator).
+    let _coordinator = snapshot_coordinator().await;
     let env = TestEnv::new("leader").await;
     let id = unique("ucm-leader");
     let a = Manager::start(
@@ -106,6 +106,8 @@ async fn two_replicas_elect_one_leader_and_hand_over_on_sigterm() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn metrics_and_probes_are_served() {
+    // The first registered feature is snapshot (see common::snapshot_coordinator).
+    let _coordinator = snapshot_coordinator().await;
     let env = TestEnv::new("metrics").await;
     let m = Manager::start(ManagerOpts::new(&env.kubeconfig, &env.ns).only(feature().name));
     m.wait_ready().await;

@@ -12,15 +12,13 @@
 //! Snapshots hold no secrets (the MiroirSnapshot feature has no credentials), so the snapshot
 //! feature only runs alongside here.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use base64::Engine;
-use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -302,6 +300,8 @@ fn fetch(args: &[&str]) -> (u16, Vec<u8>) {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn secrets_never_reach_logs_events_or_status() {
+    // Every feature runs, snapshot included (see common::snapshot_coordinator).
+    let _coordinator = snapshot_coordinator().await;
     let env = TestEnv::new("security").await;
     let ns = env.ns.clone();
     let dir = tempfile::Builder::new()

@@ -1,112 +1,64 @@
 //! Snapshot e2e (spec §16, protocol level): the manager and three real `ucm snapshot-agent`
 //! processes (one per fake node) against the local API server, with the fake barrier recording
 //! freeze/suspend/cut/resume/thaw per node and the loopfile backend in full-copy mode on real
-//! sparse files. MiroirSnapshot and MiroirVolume are cluster-scoped, so these tests run one at a
-//! time (one coordinator at a time on the shared cluster) and use unique names.
+//! sparse files. MiroirSnapshot and MiroirVolume are cluster-scoped, so each of these tests holds
+//! `sole_snapshot_coordinator()` (one coordinator at a time on the shared cluster) and uses unique
+//! names.
 
-mod common;
+use std::time::{Duration, Instant};
 
-use std::{
-    path::PathBuf,
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
-};
-
-use common::*;
+use crate::common::*;
+use crate::rig::{FAST, MIB, World};
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 use ucm::snapshot::{
-    agent::barrier::fake::{self, FakeCluster, FakeEvent, FakeVolume},
+    agent::barrier::fake::{self, FakeCluster, FakeEvent},
     types::{MiroirSnapshot, MiroirVolume, SlotState, VOLUME_NAME_IMMUTABLE},
 };
 
-/// One coordinator at a time on the shared cluster.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Short timings so fault tests finish quickly; manager and agents agree on them.
-struct Timing {
-    deadline: &'static str,
-    cut_guard: &'static str,
-    backoff: &'static str,
-}
-
-const FAST: Timing = Timing {
-    deadline: "8s",
-    cut_guard: "2s",
-    backoff: "3s",
-};
-
-/// A `ucm snapshot-agent` subprocess. Dropping it sends SIGTERM and waits.
-struct AgentProc {
-    node: String,
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl AgentProc {
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            signal(c.id(), "KILL");
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            stop_child(&mut c, "TERM", Duration::from_secs(20));
-        }
-        if std::thread::panicking() {
-            eprintln!("---- agent {} log ----\n{}", self.node, self.logs());
-        }
-    }
-}
-
-/// Three fake nodes with loopfile pools, the fake barrier, the manager and the agents.
+/// Three fake nodes with loopfile pools, the fake barrier and their agents (a [`World`] in this
+/// test's namespace of the shared cluster), and a manager running only the snapshot feature.
 struct Rig {
-    env: TestEnv,
-    dir: tempfile::TempDir,
-    timing: &'static Timing,
-    prefix: String,
     manager: Option<Manager>,
-    agents: Vec<AgentProc>,
+    world: World,
+    env: TestEnv,
 }
 
-const MIB: u64 = 1 << 20;
+/// The rig is its world plus a manager: node, agent and snapshot helpers are the world's.
+impl std::ops::Deref for Rig {
+    type Target = World;
+    fn deref(&self) -> &World {
+        &self.world
+    }
+}
+
+impl std::ops::DerefMut for Rig {
+    fn deref_mut(&mut self) -> &mut World {
+        &mut self.world
+    }
+}
 
 impl Rig {
-    async fn new(test: &str, timing: &'static Timing) -> Rig {
+    async fn new(test: &str) -> Rig {
         let env = TestEnv::new(test).await;
-        let dir = tempfile::Builder::new()
-            .prefix("ucm-snap-e2e-")
-            .tempdir()
-            .unwrap();
-        let prefix = unique("n");
+        let world = World::new(env.client.clone(), &env.kubeconfig, &env.ns, FAST);
         Rig {
-            env,
-            dir,
-            timing,
-            prefix,
             manager: None,
-            agents: vec![],
+            world,
+            env,
         }
     }
 
     /// The common setup: a 3-replica volume on nodes a, b, c (Primary and mounted on a), their
     /// agents, the manager, and a snapshot name. Returns the volume's bytes too.
     async fn three_replicas(test: &str) -> (Rig, String, String, Vec<u8>) {
-        let mut rig = Rig::new(test, &FAST).await;
+        let mut rig = Rig::new(test).await;
         let vol = unique("pvc");
         let snap = unique("snap");
-        let data = rig.write_volume_files(&vol, &["a", "b", "c"]);
+        let data = rig.write_volume_files(&vol, &["a", "b", "c"], 64 * MIB);
         rig.set_fake_volume(
             &vol,
             "a",
@@ -122,26 +74,6 @@ impl Rig {
         (rig, vol, snap, data)
     }
 
-    fn node(&self, n: &str) -> String {
-        format!("{}-{n}", self.prefix)
-    }
-
-    fn fake_dir(&self) -> PathBuf {
-        self.dir.path().join("fake")
-    }
-
-    fn pool_dir(&self, node: &str) -> PathBuf {
-        self.dir.path().join("nodes").join(node).join("pool")
-    }
-
-    fn snapshots(&self) -> Api<MiroirSnapshot> {
-        Api::all(self.env.client.clone())
-    }
-
-    fn volumes(&self) -> Api<MiroirVolume> {
-        Api::all(self.env.client.clone())
-    }
-
     fn start_manager(&mut self) {
         let m = Manager::start(
             ManagerOpts::new(&self.env.kubeconfig, &self.env.ns)
@@ -149,112 +81,10 @@ impl Rig {
                 .args([
                     format!("--snapshot-deadline={}", self.timing.deadline),
                     format!("--snapshot-void-backoff={}", self.timing.backoff),
-                    "--snapshot-agent-stale-after=20s".to_string(),
+                    format!("--snapshot-agent-stale-after={}", self.timing.stale_after),
                 ]),
         );
         self.manager = Some(m);
-    }
-
-    fn start_agent(&mut self, short: &str) {
-        let node = self.node(short);
-        let ndir = self.dir.path().join("nodes").join(&node);
-        std::fs::create_dir_all(&ndir).unwrap();
-        let pools = ndir.join("pools.yaml");
-        std::fs::write(
-            &pools,
-            format!(
-                "pools:\n  default: {{backend: loopfile, base: {}}}\n",
-                self.pool_dir(&node).display()
-            ),
-        )
-        .unwrap();
-        std::fs::create_dir_all(self.fake_dir()).unwrap();
-        let log = ndir.join(format!("agent-{}.log", rand::random::<u32>()));
-        let child = Command::new(env!("CARGO_BIN_EXE_ucm"))
-            .arg("snapshot-agent")
-            .arg(format!("--node-name={node}"))
-            .arg(format!("--kubeconfig={}", self.env.kubeconfig.display()))
-            .arg(format!("--namespace={}", self.env.ns))
-            .arg(format!("--snapshot-deadline={}", self.timing.deadline))
-            .arg(format!("--snapshot-cut-guard={}", self.timing.cut_guard))
-            .arg("--heartbeat-interval=1s")
-            .arg("--barrier=fake")
-            .arg(format!("--fake-barrier-dir={}", self.fake_dir().display()))
-            .arg(format!("--pools={}", pools.display()))
-            .arg("--loopfile-full-copy=true")
-            .arg(format!("--journal={}", ndir.join("journal.json").display()))
-            .arg("--metrics-bind-address=0")
-            .arg("--health-probe-bind-address=0")
-            .arg("--log-level=info,ucm=debug")
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
-            .spawn()
-            .expect("start ucm snapshot-agent");
-        self.agents.push(AgentProc {
-            node,
-            child: Some(child),
-            log,
-        });
-    }
-
-    fn agent(&mut self, short: &str) -> &mut AgentProc {
-        let node = self.node(short);
-        self.agents
-            .iter_mut()
-            .rev()
-            .find(|a| a.node == node)
-            .expect("agent started")
-    }
-
-    /// A volume file with data at three places in a 64 MiB sparse file, identical on `nodes`.
-    fn write_volume_files(&self, vol: &str, nodes: &[&str]) -> Vec<u8> {
-        for n in nodes {
-            let p = self
-                .pool_dir(&self.node(n))
-                .join("volumes")
-                .join(format!("{vol}.img"));
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            let f = std::fs::File::create(&p).unwrap();
-            f.set_len(64 * MIB).unwrap();
-            use std::os::unix::fs::FileExt;
-            f.write_all_at(b"ucm snapshot e2e superblock", 0).unwrap();
-            f.write_all_at(&[0x5a; 4096], 17 * MIB).unwrap();
-            f.write_all_at(b"tail", 64 * MIB - 4).unwrap();
-        }
-        std::fs::read(
-            self.pool_dir(&self.node(nodes[0]))
-                .join("volumes")
-                .join(format!("{vol}.img")),
-        )
-        .unwrap()
-    }
-
-    fn snapshot_file(&self, n: &str, snap: &str) -> PathBuf {
-        self.pool_dir(&self.node(n))
-            .join("snapshots")
-            .join(format!("{snap}.img"))
-    }
-
-    /// The fake kernel's view of `vol`: Primary (mounted) on `primary`, every leg UpToDate.
-    fn set_fake_volume(&self, vol: &str, primary: &str, legs: &[(&str, &str)]) {
-        let mut c: FakeCluster = std::fs::read(fake::cluster_path(&self.fake_dir()))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
-        c.volumes.insert(
-            vol.to_string(),
-            FakeVolume {
-                primary: Some(self.node(primary)),
-                legs: legs
-                    .iter()
-                    .map(|(n, d)| (self.node(n), d.to_string()))
-                    .collect(),
-            },
-        );
-        std::fs::create_dir_all(self.fake_dir()).unwrap();
-        fake::write_cluster(&self.fake_dir(), &c).unwrap();
     }
 
     async fn create_volume(&self, vol: &str, replicas: serde_json::Value, nodes_up: &[&str]) {
@@ -275,7 +105,7 @@ impl Rig {
         }))
         .unwrap();
         let ar = kube::api::ApiResource::erase::<MiroirVolume>(&());
-        let raw: Api<kube::api::DynamicObject> = Api::all_with(self.env.client.clone(), &ar);
+        let raw: Api<kube::api::DynamicObject> = Api::all_with(self.client.clone(), &ar);
         let created = raw.create(&PostParams::default(), &v).await.unwrap();
         // Status through the status subresource, as upstream's volume controller would.
         self.volumes()
@@ -301,18 +131,6 @@ impl Rig {
         json!(r)
     }
 
-    async fn create_snapshot(&self, name: &str, vol: &str) {
-        let s: MiroirSnapshot = serde_json::from_value(json!({
-            "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirSnapshot",
-            "metadata": {"name": name}, "spec": {"volumeName": vol}
-        }))
-        .unwrap();
-        self.snapshots()
-            .create(&PostParams::default(), &s)
-            .await
-            .unwrap();
-    }
-
     async fn get(&self, name: &str) -> Option<MiroirSnapshot> {
         self.snapshots().get_opt(name).await.unwrap()
     }
@@ -333,68 +151,6 @@ impl Rig {
                 );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn wait_agents_alive(&self, nodes: &[&str]) {
-        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-            Api::namespaced(self.env.client.clone(), &self.env.ns);
-        for n in nodes {
-            let name = format!("ucm-snapshot-agent-{}", self.node(n));
-            eventually(TIMEOUT, &format!("heartbeat Lease {name}"), || async {
-                leases.get_opt(&name).await.ok().flatten().is_some()
-            })
-            .await;
-        }
-    }
-
-    fn events(&self, n: &str) -> Vec<FakeEvent> {
-        fake::read_events(&self.fake_dir(), &self.node(n))
-    }
-
-    fn kernel_clear(&self, n: &str) -> bool {
-        let k = fake::read_kernel(&self.fake_dir(), &self.node(n));
-        k.suspended.is_empty() && k.frozen.is_empty()
-    }
-
-    fn journal_empty(&self, n: &str) -> bool {
-        let p = self
-            .dir
-            .path()
-            .join("nodes")
-            .join(self.node(n))
-            .join("journal.json");
-        ucm::snapshot::agent::journal::Journal::open(&p)
-            .map(|j| j.is_empty())
-            .unwrap_or(false)
-    }
-
-    async fn cleanup(&self, snaps: &[&str], vols: &[&str]) {
-        for s in snaps {
-            let _ = self.snapshots().delete(s, &DeleteParams::default()).await;
-        }
-        for s in snaps {
-            let api = self.snapshots();
-            let name = s.to_string();
-            let start = Instant::now();
-            while api.get_opt(&name).await.ok().flatten().is_some()
-                && start.elapsed() < Duration::from_secs(30)
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            // Never leave a finalizer behind on the shared cluster.
-            if api.get_opt(&name).await.ok().flatten().is_some() {
-                let _ = api
-                    .patch(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                    )
-                    .await;
-            }
-        }
-        for v in vols {
-            let _ = self.volumes().delete(v, &DeleteParams::default()).await;
         }
     }
 }
@@ -430,7 +186,7 @@ fn ready_condition(s: &MiroirSnapshot) -> Option<(String, String, String)> {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn three_replica_round_publishes_with_identical_legs() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (rig, vol, snap, data) = Rig::three_replicas("snap-round").await;
     rig.create_snapshot(&snap, &vol).await;
 
@@ -553,7 +309,7 @@ async fn three_replica_round_publishes_with_identical_legs() {
             "node {n} kept its snapshot file"
         );
     }
-    rig.cleanup(&[], &[&vol]).await;
+    rig.cleanup_snapshots(&[], &[&vol]).await;
 }
 
 /// Waits until the snapshot's status satisfies `check`; returns that object.
@@ -611,11 +367,11 @@ fn open_round(s: &MiroirSnapshot) -> Option<String> {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn bad_input_is_refused_or_reported() {
-    let _serial = SERIAL.lock().await;
-    let mut rig = Rig::new("snap-input", &FAST).await;
+    let _serial = sole_snapshot_coordinator().await;
+    let mut rig = Rig::new("snap-input").await;
     let vol = unique("pvc");
     let snap = unique("snap");
-    rig.write_volume_files(&vol, &["a", "b", "c"]);
+    rig.write_volume_files(&vol, &["a", "b", "c"], 64 * MIB);
     rig.set_fake_volume(
         &vol,
         "a",
@@ -682,7 +438,7 @@ async fn bad_input_is_refused_or_reported() {
     let v = raw.get(&vol).await.unwrap();
     assert_eq!(v.data["spec"]["drbd"]["port"], 7789, "{:#?}", v.data);
 
-    rig.cleanup(&[&snap], &[&vol]).await;
+    rig.cleanup_snapshots(&[&snap], &[&vol]).await;
 }
 
 /// Faults: an agent that never reports voids the round at the deadline with a condition naming
@@ -692,7 +448,7 @@ async fn bad_input_is_refused_or_reported() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn silent_agent_voids_the_round_and_the_next_round_succeeds() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (mut rig, vol, snap, data) = Rig::three_replicas("snap-void").await;
     // Node c's agent dies; its heartbeat is still fresh, so the round opens.
     rig.agent("c").kill();
@@ -822,11 +578,11 @@ async fn silent_agent_voids_the_round_and_the_next_round_succeeds() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn tie_breaker_never_gates_and_rounds_never_overlap() {
-    let _serial = SERIAL.lock().await;
-    let mut rig = Rig::new("snap-tb", &FAST).await;
+    let _serial = sole_snapshot_coordinator().await;
+    let mut rig = Rig::new("snap-tb").await;
     let vol = unique("pvc");
     let (s1, s2) = (unique("snap"), unique("snap"));
-    let data = rig.write_volume_files(&vol, &["a", "b"]);
+    let data = rig.write_volume_files(&vol, &["a", "b"], 64 * MIB);
     rig.set_fake_volume(
         &vol,
         "a",
@@ -926,7 +682,7 @@ async fn tie_breaker_never_gates_and_rounds_never_overlap() {
             .await
             .unwrap();
     }
-    rig.cleanup(&[&s1, &s2], &[&vol]).await;
+    rig.cleanup_snapshots(&[&s1, &s2], &[&vol]).await;
 }
 
 /// Killing the manager mid-round leaves no node suspended past the deadline (the agents lift
@@ -934,7 +690,7 @@ async fn tie_breaker_never_gates_and_rounds_never_overlap() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn manager_loss_mid_round_leaves_no_barrier_behind() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (mut rig, vol, snap, _data) = Rig::three_replicas("snap-mgr").await;
     rig.agent("c").kill();
     rig.create_snapshot(&snap, &vol).await;
@@ -962,7 +718,7 @@ async fn manager_loss_mid_round_leaves_no_barrier_behind() {
     rig.start_agent("c");
     rig.start_manager();
     rig.wait_ready(&snap, Duration::from_secs(40)).await;
-    rig.cleanup(&[&snap], &[&vol]).await;
+    rig.cleanup_snapshots(&[&snap], &[&vol]).await;
 }
 
 /// An agent stopped mid-round (SIGTERM) reports Error so the round is voided at once, keeps its
@@ -970,7 +726,7 @@ async fn manager_loss_mid_round_leaves_no_barrier_behind() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn agent_stop_mid_round_reports_error_and_lifts() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (mut rig, vol, snap, _data) = Rig::three_replicas("snap-stop").await;
     rig.agent("c").kill();
     rig.create_snapshot(&snap, &vol).await;
@@ -1006,7 +762,7 @@ async fn agent_stop_mid_round_reports_error_and_lifts() {
         .await;
     }
     assert!(rig.journal_empty("b"));
-    rig.cleanup(&[], &[&vol]).await;
+    rig.cleanup_snapshots(&[], &[&vol]).await;
     // No agent will remove b's and c's finalizers in this test; remove them by hand.
     rig.snapshots()
         .delete(&snap, &DeleteParams::default())
@@ -1029,7 +785,7 @@ async fn agent_stop_mid_round_reports_error_and_lifts() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn restarted_agents_adopt_or_report_lost_barriers() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (mut rig, vol, snap, _data) = Rig::three_replicas("snap-restart").await;
     rig.agent("c").kill();
     rig.create_snapshot(&snap, &vol).await;
@@ -1089,7 +845,7 @@ async fn restarted_agents_adopt_or_report_lost_barriers() {
     .await;
     rig.start_agent("c");
     rig.wait_ready(&snap, Duration::from_secs(40)).await;
-    rig.cleanup(&[&snap], &[&vol]).await;
+    rig.cleanup_snapshots(&[&snap], &[&vol]).await;
 }
 
 fn set_fault(rig: &Rig, on: bool) {
@@ -1112,7 +868,7 @@ fn set_fault(rig: &Rig, on: bool) {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn failing_suspend_clears_its_flag_and_voids_the_round() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (rig, vol, snap, _data) = Rig::three_replicas("snap-stuck").await;
     set_fault(&rig, true);
     rig.create_snapshot(&snap, &vol).await;
@@ -1159,7 +915,7 @@ async fn failing_suspend_clears_its_flag_and_voids_the_round() {
     .await;
     set_fault(&rig, false);
     rig.wait_ready(&snap, Duration::from_secs(40)).await;
-    rig.cleanup(&[&snap], &[&vol]).await;
+    rig.cleanup_snapshots(&[&snap], &[&vol]).await;
 }
 
 /// Resume before publish (I4, T20): with the manager paused after the round opened, the legs
@@ -1167,7 +923,7 @@ async fn failing_suspend_clears_its_flag_and_voids_the_round() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn agents_lift_before_the_manager_publishes() {
-    let _serial = SERIAL.lock().await;
+    let _serial = sole_snapshot_coordinator().await;
     let (mut rig, vol, snap, data) = Rig::three_replicas("snap-i4").await;
     // c's agent is away (its heartbeat still fresh): the round opens and waits for it.
     rig.agent("c").kill();
@@ -1213,5 +969,5 @@ async fn agents_lift_before_the_manager_publishes() {
             "node {n}"
         );
     }
-    rig.cleanup(&[&snap], &[&vol]).await;
+    rig.cleanup_snapshots(&[&snap], &[&vol]).await;
 }

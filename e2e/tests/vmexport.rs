@@ -2,13 +2,11 @@
 //! pod's status as the kubelet would), and the bridge test: the pod the reconciler rendered is
 //! run as a real `ucm export-server` and every internal link is downloaded through it.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::{LimitRange, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -644,7 +642,7 @@ impl Bridge {
             let ns = ns.to_string();
             let text = yaml.clone();
             let (ok, out) = tokio::task::spawn_blocking(move || {
-                common::kubectl(
+                crate::common::kubectl(
                     &kc,
                     &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
                     Some(&text),
@@ -2158,9 +2156,9 @@ impl Drop for Proxy {
 fn proxy_identity(admin: &std::path::Path, ns: &str, dir: &std::path::Path) -> std::path::PathBuf {
     let text =
         std::fs::read_to_string(repo_root().join("config/rbac/vmexport/proxy_role.yaml")).unwrap();
-    let role: serde_json::Value = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .find(|d: &serde_json::Value| d["kind"] == "ClusterRole")
+    let role = yaml_docs(&text)
+        .into_iter()
+        .find(|d| d["kind"] == "ClusterRole")
         .unwrap();
     let shared = format!("ucm-e2e-{ns}-export-proxy");
     let docs = json!({"apiVersion": "v1", "kind": "List", "items": [
@@ -2196,13 +2194,13 @@ fn proxy_identity(admin: &std::path::Path, ns: &str, dir: &std::path::Path) -> s
     );
     assert!(ok, "{token}");
     let mut kc: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
+        serde_saphyr::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
     kc["users"] = json!([{"name": "proxy", "user": {"token": token.trim()}}]);
     for ctx in kc["contexts"].as_array_mut().unwrap() {
         ctx["context"]["user"] = "proxy".into();
     }
     let path = dir.join("kubeconfig-export-proxy");
-    std::fs::write(&path, serde_yaml::to_string(&kc).unwrap()).unwrap();
+    std::fs::write(&path, serde_saphyr::to_string(&kc).unwrap()).unwrap();
     path
 }
 

@@ -4,12 +4,13 @@
 
 use std::fs;
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ucm::vmexport::certs;
+
+use crate::common::free_port;
 
 const SVC: &str = "virt-export-e1";
 const NS: &str = "ns1";
@@ -29,14 +30,6 @@ impl Drop for Server {
             let _ = c.wait();
         }
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn pattern(n: usize, seed: u32) -> Vec<u8> {
@@ -600,7 +593,7 @@ fn s7_secret_manifest_json_yaml_and_external_404() {
         .filter(|d| !d.trim().is_empty())
         .collect();
     assert_eq!(docs.len(), 1, "{text}");
-    let y: serde_json::Value = serde_yaml::from_str(docs[0]).unwrap();
+    let y: serde_json::Value = serde_saphyr::from_str(docs[0]).unwrap();
     assert_eq!(&y, j);
     assert_eq!(
         s.status(&["-H", &hdr(), &s.url("/external/manifests/secret")]),

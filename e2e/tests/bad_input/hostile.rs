@@ -12,23 +12,10 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::common::*;
 use super::{Crd, api, condition_of, create, manifest, post};
+use crate::common::*;
 
 const BAD_TIME: &str = "9999-12-31T23:59:59Z";
-
-async fn report_available(client: &Client, ns: &str, name: &str) {
-    let now = jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", jiff::Timestamp::now()).unwrap();
-    api(client, &Crd::Exporter.resource(), Some(ns))
-        .patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"lastSeen": now, "devices": [],
-                "exporterStatus": "Available", "statusMessage": "Available"}})),
-        )
-        .await
-        .unwrap();
-}
 
 /// Waits until `crd`/`name` has condition `type_` with `status` and `reason` (any when empty);
 /// returns its message.
@@ -136,7 +123,7 @@ async fn unreadable_lease_does_not_block_its_namespace() {
         secrets.get_opt("e-exporter").await.ok().flatten().is_some()
     })
     .await;
-    report_available(&client, &ns, "e").await;
+    report_available(&Api::namespaced(client.clone(), &ns), "e").await;
     wait_condition(&client, Some(&ns), Crd::Exporter, "e", "Online", "True", "").await;
 
     create(
@@ -261,6 +248,8 @@ async fn export_pvc(client: &Client, ns: &str, name: &str) {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn children_ucm_did_not_create_are_left_alone() {
+    // Every feature runs, snapshot included (see common::snapshot_coordinator).
+    let _coordinator = snapshot_coordinator().await;
     let env = TestEnv::new("squat").await;
     let m = Manager::start(ManagerOpts::new(&env.kubeconfig, &env.ns));
     m.wait_ready().await;
@@ -443,6 +432,8 @@ async fn children_ucm_did_not_create_are_left_alone() {
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn forged_status_is_corrected_or_reported() {
+    // Every feature runs, snapshot included (see common::snapshot_coordinator).
+    let _coordinator = snapshot_coordinator().await;
     let env = TestEnv::new("forged").await;
     let m = Manager::start(ManagerOpts::new(&env.kubeconfig, &env.ns));
     m.wait_ready().await;
@@ -665,6 +656,8 @@ fn has_sample(scrape: &str, family: &str, labels: &[&str]) -> bool {
 #[ignore = "e2e: needs the local control plane and e2e/bin/promtool (make cluster)"]
 async fn shipped_rules_and_panels_name_live_metrics() {
     use std::process::{Command, Stdio};
+    // Every feature runs, snapshot included (see common::snapshot_coordinator).
+    let _coordinator = snapshot_coordinator().await;
     let env = TestEnv::new("metric-names").await;
     let m = Manager::start(ManagerOpts::new(&env.kubeconfig, &env.ns));
     m.wait_ready().await;
@@ -757,8 +750,8 @@ async fn shipped_rules_and_panels_name_live_metrics() {
         "{}",
         String::from_utf8_lossy(&helm.stderr)
     );
-    let chart_rules: Value = serde_yaml::from_slice(&helm.stdout).unwrap();
-    let config_rules: Value = serde_yaml::from_str(
+    let chart_rules: Value = serde_saphyr::from_slice(&helm.stdout).unwrap();
+    let config_rules: Value = serde_saphyr::from_str(
         &std::fs::read_to_string(repo_root().join("config/prometheus/rules.yaml")).unwrap(),
     )
     .unwrap();
@@ -783,7 +776,7 @@ async fn shipped_rules_and_panels_name_live_metrics() {
         let file = dir
             .path()
             .join(format!("{}.rules.yaml", what.replace('/', "-")));
-        std::fs::write(&file, serde_yaml::to_string(&rules["spec"]).unwrap()).unwrap();
+        std::fs::write(&file, serde_saphyr::to_string(&rules["spec"]).unwrap()).unwrap();
         let out = Command::new(tool("promtool"))
             .args(["check", "rules"])
             .arg(&file)
@@ -884,9 +877,9 @@ async fn rendered_manifests_pass_strict_server_validation() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        serde_yaml::Deserializer::from_slice(&out.stdout)
-            .filter_map(|d| serde::Deserialize::deserialize(d).ok())
-            .filter(|v: &Value| v.is_object())
+        yaml_docs(&String::from_utf8_lossy(&out.stdout))
+            .into_iter()
+            .filter(|v| v.is_object())
             .collect()
     };
     let mut docs = render(
@@ -965,7 +958,7 @@ async fn rendered_manifests_pass_strict_server_validation() {
     let file = tempfile::NamedTempFile::new().unwrap();
     let text: String = check
         .iter()
-        .map(|d| format!("---\n{}", serde_yaml::to_string(d).unwrap()))
+        .map(|d| format!("---\n{}", serde_saphyr::to_string(d).unwrap()))
         .collect();
     std::fs::write(file.path(), text).unwrap();
     let (ok, out) = kubectl(
@@ -984,18 +977,6 @@ async fn rendered_manifests_pass_strict_server_validation() {
     );
     assert!(ok, "the API server refused a rendered manifest:\n{out}");
     assert!(!out.contains("unknown field"), "{out}");
-}
-
-/// `controller_runtime_reconcile_total` of one controller, all results.
-fn reconciles(metrics: &str, controller: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("controller_runtime_reconcile_total{")
-                && l.contains(&format!("controller=\"{controller}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// Point 4 (the timer part). Twenty Leases pending on one held exporter cost no reconciles while
@@ -1031,7 +1012,7 @@ async fn pending_leases_wait_on_their_exporter_not_a_timer() {
         secrets.get_opt("e-exporter").await.ok().flatten().is_some()
     })
     .await;
-    report_available(c, ns, "e").await;
+    report_available(&Api::namespaced(c.clone(), ns), "e").await;
     wait_condition(c, Some(ns), Crd::Exporter, "e", "Online", "True", "").await;
     let lease = |name: &str| {
         json!({"metadata": {"name": name}, "spec": {"clientRef": {"name": "c"},
@@ -1057,9 +1038,9 @@ async fn pending_leases_wait_on_their_exporter_not_a_timer() {
     }
     // Settle, then count the lease reconciles of an idle stretch.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = reconciles(&m.metrics().await, "lease");
+    let before = reconciles(&m, "lease").await;
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let idle = reconciles(&m.metrics().await, "lease") - before;
+    let idle = reconciles(&m, "lease").await - before;
     assert!(
         idle <= 2.0,
         "{idle} lease reconciles in 8 idle seconds with 20 pending leases (a timer each)"

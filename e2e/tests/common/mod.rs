@@ -1,8 +1,7 @@
-//! The e2e fixture (local-cluster.md §6): one real control plane per test binary (or the one named
+//! The e2e fixture (local-cluster.md §6): one real control plane per test process (or the one named
 //! by `UCM_E2E_KUBECONFIG`), a fresh namespace per test, ucm's CRDs installed once, the manager as
 //! a real subprocess, and control planes of a test's own for tests that restart or strip the API.
 //! A missing prerequisite fails loudly; nothing is skipped.
-#![allow(dead_code)]
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -13,14 +12,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::Deserialize;
-
 use k8s_openapi::{
     api::{
         core::v1::{Namespace, ServiceAccount},
         rbac::v1::ClusterRoleBinding,
     },
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    apimachinery::pkg::apis::meta::v1::Condition,
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -28,6 +26,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{conditions, wait::await_condition},
 };
+use ucm::exporter::crd::{Exporter, ExporterStatusValue};
 
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -54,7 +53,6 @@ pub fn kubectl_bin() -> PathBuf {
 /// A running `kharness serve`. Dropping it (or the test process dying, which closes the stdin
 /// pipe) stops the control plane.
 pub struct Harness {
-    pub dir: PathBuf,
     pub kubeconfig: PathBuf,
     child: Option<Child>,
     stdin: Option<ChildStdin>,
@@ -132,7 +130,6 @@ impl Harness {
         );
         let stdin = child.stdin.take();
         Harness {
-            dir: dir.to_path_buf(),
             kubeconfig,
             child: Some(child),
             stdin,
@@ -177,10 +174,6 @@ impl Harness {
         let mut h = Harness::start_with(&tmp.path().join("cluster"), false, &args);
         h._tmp = Some(tmp);
         (h, Audit { path: log })
-    }
-
-    pub fn user_kubeconfig(&self) -> PathBuf {
-        self.kubeconfig.with_file_name("kubeconfig-user")
     }
 
     /// SIGTERM and wait: every child stops, ports are freed.
@@ -260,10 +253,12 @@ pub fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// The shared control plane of this test binary: `UCM_E2E_KUBECONFIG`, else one started here and
+/// The shared control plane's kubeconfig, once [`shared_kubeconfig`] has been asked for it.
+static SHARED: OnceLock<PathBuf> = OnceLock::new();
+
+/// The shared control plane of the test process: `UCM_E2E_KUBECONFIG`, else one started here and
 /// kept alive (stdin pipe) until the process exits.
 pub fn shared_kubeconfig() -> PathBuf {
-    static SHARED: OnceLock<PathBuf> = OnceLock::new();
     static KEEP: Mutex<Option<Harness>> = Mutex::new(None);
     SHARED
         .get_or_init(|| {
@@ -294,6 +289,25 @@ pub async fn client_for(kubeconfig: &Path) -> Client {
         .await
         .unwrap();
     Client::try_from(cfg).unwrap()
+}
+
+/// MiroirSnapshot and MiroirVolume are cluster-scoped, so `--watch-namespace` cannot keep one
+/// manager's snapshot coordinator away from another test's snapshots (snapshot.md §16: one
+/// coordinator at a time on the shared cluster). Every test that runs the snapshot feature on the
+/// shared cluster holds this lock: exclusively ([`sole_snapshot_coordinator`]) when it drives
+/// snapshot rounds and checks them, shared ([`snapshot_coordinator`]) when the feature only runs
+/// beside what it tests. [`Manager::start`] refuses such a manager while nobody holds it.
+static SNAPSHOT_COORDINATORS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// For a test that must be the only snapshot coordinator on the shared cluster.
+pub async fn sole_snapshot_coordinator() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    SNAPSHOT_COORDINATORS.write().await
+}
+
+/// For a test whose managers run the snapshot feature on the shared cluster beside other such
+/// tests, never beside a [`sole_snapshot_coordinator`].
+pub async fn snapshot_coordinator() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    SNAPSHOT_COORDINATORS.read().await
 }
 
 /// Installs every ucm CRD with SSA (field manager `ucm-e2e`) and waits until Established.
@@ -595,6 +609,16 @@ impl Manager {
             .tempdir()
             .unwrap();
         let log_path = tmp.path().join("manager.log");
+        if opts.enabled_features().contains(&"snapshot")
+            && SHARED.get().is_some_and(|kc| kc == opts.kubeconfig)
+        {
+            assert!(
+                SNAPSHOT_COORDINATORS.try_write().is_err(),
+                "a manager running the snapshot feature on the shared cluster needs \
+                 common::snapshot_coordinator() or common::sole_snapshot_coordinator() held \
+                 for the test"
+            );
+        }
         let kubeconfig = if opts.shipped_identity {
             shipped_identity(
                 opts.kubeconfig,
@@ -854,11 +878,7 @@ pub fn shipped_identity(
         "metadata": {"name": sa, "namespace": ns},
     })];
     let subject = serde_json::json!([{"kind": "ServiceAccount", "name": sa, "namespace": ns}]);
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let mut role = serde_json::Value::deserialize(doc).unwrap();
-        if role.is_null() {
-            continue;
-        }
+    for mut role in yaml_docs(&text) {
         let name = role["metadata"]["name"].as_str().unwrap().to_string();
         let wanted =
             name == "ucm-leader-election" || features.iter().any(|f| name == format!("ucm-{f}"));
@@ -917,13 +937,13 @@ pub fn shipped_identity(
     );
     let token = String::from_utf8(token.stdout).unwrap();
     let mut kc: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
+        serde_saphyr::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
     kc["users"] = serde_json::json!([{"name": sa, "user": {"token": token.trim()}}]);
     for ctx in kc["contexts"].as_array_mut().unwrap() {
         ctx["context"]["user"] = sa.clone().into();
     }
     let path = dir.join("kubeconfig-shipped-identity");
-    std::fs::write(&path, serde_yaml::to_string(&kc).unwrap()).unwrap();
+    std::fs::write(&path, serde_saphyr::to_string(&kc).unwrap()).unwrap();
     path
 }
 
@@ -953,4 +973,87 @@ impl Harness {
         }
         self.stdin.take();
     }
+}
+
+/// Condition `t` of a status's condition list.
+pub fn find_condition(conds: Option<&Vec<Condition>>, t: &str) -> Option<Condition> {
+    conds?.iter().find(|c| c.type_ == t).cloned()
+}
+
+/// Condition `t` of a status's condition list as (status, reason, message).
+pub fn condition(conds: Option<&Vec<Condition>>, t: &str) -> Option<(String, String, String)> {
+    find_condition(conds, t).map(|c| (c.status, c.reason, c.message))
+}
+
+/// [`condition`] of an Exporter.
+pub fn exporter_condition(e: &Exporter, t: &str) -> Option<(String, String, String)> {
+    condition(e.status.as_ref()?.conditions.as_ref(), t)
+}
+
+/// An Exporter's `status.exporterStatus`.
+pub fn exporter_status(e: &Exporter) -> Option<ExporterStatusValue> {
+    e.status.as_ref().and_then(|s| s.exporter_status)
+}
+
+/// What `jmp` and a user see as serving: Available, Online and Registered.
+pub fn exporter_available(e: &Exporter) -> bool {
+    exporter_status(e) == Some(ExporterStatusValue::Available)
+        && exporter_condition(e, "Online").is_some_and(|c| c.0 == "True")
+        && exporter_condition(e, "Registered").is_some_and(|c| c.0 == "True")
+}
+
+pub fn now_rfc3339() -> String {
+    jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", jiff::Timestamp::now()).unwrap()
+}
+
+/// The status an exporter reports (`lastSeen` now), as the gRPC service writes it.
+pub async fn report(exporters: &Api<Exporter>, name: &str, status: &str, message: &str) {
+    let patch = serde_json::json!({"status": {"lastSeen": now_rfc3339(), "devices": [],
+                                  "exporterStatus": status, "statusMessage": message}});
+    exporters
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+}
+
+/// What the gRPC service writes on Register + ReportStatus(AVAILABLE).
+pub async fn report_available(exporters: &Api<Exporter>, name: &str) {
+    report(exporters, name, "Available", "Available").await;
+}
+
+/// The sum of the samples of metric `family` whose labels include every `want` pair.
+pub fn metric(text: &str, family: &str, want: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (head, value) = l.rsplit_once(' ')?;
+            let (name, labels) = match head.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (head, ""),
+            };
+            let matches = name == family
+                && want
+                    .iter()
+                    .all(|(k, v)| labels.split(',').any(|pair| pair == format!("{k}=\"{v}\"")));
+            matches.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
+}
+
+/// Completed reconciles of one controller (every result).
+pub async fn reconciles(m: &Manager, controller: &str) -> f64 {
+    metric(
+        &m.metrics().await,
+        "controller_runtime_reconcile_total",
+        &[("controller", controller)],
+    )
+}
+
+/// Every YAML document of a multi-document stream, as JSON values (empty documents dropped).
+pub fn yaml_docs(text: &str) -> Vec<serde_json::Value> {
+    serde_saphyr::from_str_multiple::<serde_json::Value, Vec<_>>(text)
+        .unwrap_or_else(|e| panic!("bad YAML: {e}\n{text}"))
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect()
 }

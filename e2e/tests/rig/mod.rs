@@ -2,8 +2,8 @@
 //! flight — Exporters with Leases, MiroirSnapshot rounds with real `ucm snapshot-agent`s (fake
 //! barrier, loopfile backend), VirtualMachineExports whose Pods the test marks ready as a
 //! kubelet would — plus the actors a fault hits: the managers, the agents, an exporter speaking
-//! gRPC, an export-server process, and a TCP proxy that drops connections.
-#![allow(dead_code)]
+//! gRPC, an export-server process, and a TCP proxy that drops connections. Also the world of
+//! the snapshot tests (snapshot.rs).
 
 pub mod exporter_client;
 pub mod proxy;
@@ -54,7 +54,8 @@ pub const FAST: Timing = Timing {
 /// A `ucm snapshot-agent` subprocess for one fake node. Dropping it sends SIGTERM and waits.
 pub struct AgentProc {
     pub node: String,
-    child: Option<Child>,
+    /// A test that stops the agent its own way takes it.
+    pub child: Option<Child>,
     log: PathBuf,
 }
 
@@ -252,8 +253,8 @@ impl World {
             .join(format!("{snap}.img"))
     }
 
-    /// The fake kernel's view of `vol`: Primary (mounted) on `primary`, every leg UpToDate.
-    pub fn set_fake_volume(&self, vol: &str, primary: &str, nodes: &[&str]) {
+    /// The fake kernel's view of `vol`: Primary (mounted) on `primary`, legs in these disk states.
+    pub fn set_fake_volume(&self, vol: &str, primary: &str, legs: &[(&str, &str)]) {
         std::fs::create_dir_all(self.fake_dir()).unwrap();
         let mut c: FakeCluster = std::fs::read(fake::cluster_path(&self.fake_dir()))
             .ok()
@@ -263,9 +264,9 @@ impl World {
             vol.to_string(),
             FakeVolume {
                 primary: Some(self.node(primary)),
-                legs: nodes
+                legs: legs
                     .iter()
-                    .map(|n| (self.node(n), "UpToDate".to_string()))
+                    .map(|(n, d)| (self.node(n), d.to_string()))
                     .collect(),
             },
         );
@@ -276,7 +277,8 @@ impl World {
     /// volume replicated on `nodes`; returns the volume's bytes.
     pub async fn volume(&self, vol: &str, nodes: &[&str], size: u64) -> Vec<u8> {
         let data = self.write_volume_files(vol, nodes, size);
-        self.set_fake_volume(vol, nodes[0], nodes);
+        let legs: Vec<_> = nodes.iter().map(|n| (*n, "UpToDate")).collect();
+        self.set_fake_volume(vol, nodes[0], &legs);
         let replicas: Vec<_> = nodes
             .iter()
             .map(|n| json!({"node": self.node(n), "backend": "loopfile"}))
@@ -457,13 +459,7 @@ impl World {
     /// What the gRPC service writes on Register + ReportStatus(AVAILABLE): the exporter is
     /// registered and seen now.
     pub async fn report_available(&self, name: &str) {
-        let now = now_rfc3339();
-        let patch = json!({"status": {"lastSeen": now, "devices": [], "exporterStatus": "Available",
-                                      "statusMessage": "Available"}});
-        self.exporters()
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .unwrap();
+        report_available(&self.exporters(), name).await;
     }
 
     pub async fn create_lease(&self, name: &str, selector: serde_json::Value, duration: &str) {
@@ -704,20 +700,6 @@ pub fn export_phase(e: &VirtualMachineExport) -> (String, String) {
     (st.phase.unwrap_or_default(), reason)
 }
 
-pub fn now_rfc3339() -> String {
-    jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", jiff::Timestamp::now()).unwrap()
-}
-
-pub fn condition(
-    conds: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
-    t: &str,
-) -> Option<(String, String, String)> {
-    conds?
-        .iter()
-        .find(|c| c.type_ == t)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
 pub fn slots(s: &MiroirSnapshot) -> BTreeMap<String, SlotState> {
     s.status
         .as_ref()
@@ -757,18 +739,6 @@ pub async fn wait_snapshot<F: Fn(&MiroirSnapshot) -> bool>(
     }
 }
 
-/// Sums every sample of a counter family in a Prometheus text exposition.
-pub fn metric_sum(text: &str, family: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// The lines of a family, for messages.
 pub fn metric_lines(text: &str, family: &str) -> String {
     text.lines()
@@ -781,9 +751,9 @@ pub fn metric_lines(text: &str, family: &str) -> String {
 /// server's certificate names 127.0.0.1, so TLS still verifies through the proxy.
 pub fn kubeconfig_via(kubeconfig: &Path, port: u16, out: &Path) -> u16 {
     let text = std::fs::read_to_string(kubeconfig).unwrap();
-    let mut kc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let mut kc: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
     let mut upstream = 0;
-    for c in kc["clusters"].as_sequence_mut().unwrap() {
+    for c in kc["clusters"].as_array_mut().unwrap() {
         let server = c["cluster"]["server"].as_str().unwrap().to_string();
         upstream = server
             .rsplit(':')
@@ -792,14 +762,14 @@ pub fn kubeconfig_via(kubeconfig: &Path, port: u16, out: &Path) -> u16 {
             .expect("server port");
         c["cluster"]["server"] = format!("https://127.0.0.1:{port}").into();
     }
-    std::fs::write(out, serde_yaml::to_string(&kc).unwrap()).unwrap();
+    std::fs::write(out, serde_saphyr::to_string(&kc).unwrap()).unwrap();
     upstream
 }
 
 /// The API server port of a kubeconfig.
 pub fn server_port(kubeconfig: &Path) -> u16 {
     let text = std::fs::read_to_string(kubeconfig).unwrap();
-    let kc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let kc: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
     kc["clusters"][0]["cluster"]["server"]
         .as_str()
         .unwrap()
@@ -807,14 +777,6 @@ pub fn server_port(kubeconfig: &Path) -> u16 {
         .next()
         .and_then(|p| p.trim_end_matches('/').parse().ok())
         .expect("server port")
-}
-
-/// Resident memory (bytes) and open file descriptors of a process, from its /metrics.
-pub fn process_figures(metrics: &str) -> (f64, f64) {
-    (
-        metric_sum(metrics, "process_resident_memory_bytes"),
-        metric_sum(metrics, "process_open_fds"),
-    )
 }
 
 /// What the kubelet would write for a running, ready export server.

@@ -75,10 +75,6 @@ impl Proxy {
         }
     }
 
-    pub fn open_connections(&self) -> usize {
-        self.state.conns.lock().unwrap().len()
-    }
-
     /// Cuts every connection for which `pick` returns true; returns how many.
     fn cut_where(&self, mut pick: impl FnMut() -> bool) -> u64 {
         let mut conns = self.state.conns.lock().unwrap();

@@ -20,7 +20,9 @@ use ucm::snapshot::types::{MiroirSnapshot, SlotState};
 
 use super::*;
 
-/// What `World::start_work` left in flight.
+/// What `World::start_work` left in flight. Names: exporter `e1`; lease `l1` (short, expires
+/// after the fault) and `l2` (waits for e1); export `x1` (Pod created, not ready) and `x2` (no
+/// PVC, deleted at its TTL).
 pub struct Work {
     pub vol: String,
     pub snap: String,
@@ -28,9 +30,6 @@ pub struct Work {
     /// Labels selecting this work's exporter (unique, so leases of other tests never match).
     pub pool: String,
     pub token: String,
-    /// Names: exporter `e1`; lease `l1` (short, expires after the fault) and `l2` (waits for
-    /// e1); export `x1` (Pod created, not ready) and `x2` (no PVC, deleted at its TTL).
-    pub l1_duration: Duration,
 }
 
 impl World {
@@ -104,7 +103,6 @@ impl World {
             data,
             pool,
             token,
-            l1_duration,
         }
     }
 

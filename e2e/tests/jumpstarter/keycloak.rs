@@ -1,5 +1,5 @@
 //! A real OpenID provider for the OIDC tests: Keycloak from Maven Central (fetched, verified and
-//! pre-built once by `hack/keycloak.sh`, cached in ~/.cache/ucm), started once per test binary on
+//! pre-built once by `hack/keycloak.sh`, cached in ~/.cache/ucm), started once per test process on
 //! HTTPS with a certificate made here, so ucm's `certificateAuthority` is exercised. Each test makes
 //! its own realm (issuer), clients and users through the admin REST API, so tests run in parallel.
 //! A watchdog kills the server's process group when the test binary exits. Any failure panics
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::common::{free_port, repo_root, tail};
+use crate::common::{free_port, repo_root, tail};
 
 pub struct Keycloak {
     pub base: String,
@@ -24,7 +24,7 @@ pub struct Keycloak {
     /// Seconds from spawn to the first answered discovery request.
     pub startup: Duration,
     _dir: PathBuf,
-    /// Keycloak and its watchdog, held for the life of the binary.
+    /// Keycloak and its watchdog, held for the life of the process.
     _processes: [std::process::Child; 2],
 }
 
