@@ -674,6 +674,45 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                 })
             },
         );
+        // Unsatisfiable ends the lease (§6.5), so it is never decided on caches alone: an
+        // Exporter, policy or Client created just before the Lease may not be in them yet.
+        // The failure is decided again on fresh reads (three requests, failures only).
+        if matches!(decision, Assignment::Unsatisfiable { .. }) {
+            let exporters = Api::<Exporter>::namespaced(ctx.client.clone(), &ns)
+                .list(&Default::default())
+                .await?
+                .items;
+            let policies = Api::<ExporterAccessPolicy>::namespaced(ctx.client.clone(), &ns)
+                .list(&Default::default())
+                .await?
+                .items;
+            let client = if policies.is_empty() || lease.spec.client_ref.name.is_empty() {
+                None
+            } else {
+                Api::<Client>::namespaced(ctx.client.clone(), &ns)
+                    .get_opt(&lease.spec.client_ref.name)
+                    .await?
+            };
+            let (exporter_refs, policy_refs) = (
+                exporters.iter().collect::<Vec<_>>(),
+                policies.iter().collect::<Vec<_>>(),
+            );
+            decision = ctx.ledger.decide(
+                &ns,
+                &name,
+                || Caches::in_namespace(&ctx.caches.leases, &ns),
+                |active| {
+                    assign::decide_assignment(&AssignInputs {
+                        lease: &lease,
+                        exporters: &exporter_refs,
+                        active_leases: active,
+                        policies: &policy_refs,
+                        client: client.as_ref(),
+                        now,
+                    })
+                },
+            );
+        }
         // Rule 5.4.3: the caches are not mutually consistent, so an exporter that records lease
         // hooks is re-checked on a fresh read: its cache may predate the record of the lease it
         // was handed last. Others gate on the exporterStatus they report, as upstream reads it
