@@ -106,16 +106,16 @@ fn assigned(name: &str, exporter: &str, spot: bool) -> Lease {
     lease
 }
 
+/// How long a stale pass waits before it looks again: the watch delivers our own write within
+/// milliseconds, and the recheck reads only caches.
+pub const STALE_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// (namespace, name) → the resourceVersions our latest writes replaced (a status write and the
 /// metadata patch after it). A pass that still sees one of them in its cache runs before the
 /// watch delivered our writes (another trigger queued it): its writes would only conflict or
 /// repeat ours, so it skips its work. It cannot count on our writes' own events to bring the
 /// next pass (a status write of ours wakes no Client), and it replaced the timer the writing
 /// pass set, so it looks again shortly ([`STALE_RECHECK`]).
-/// How long a stale pass waits before it looks again: the watch delivers our own write within
-/// milliseconds, and the recheck reads only caches.
-pub const STALE_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
-
 #[derive(Default)]
 pub struct Replaced {
     inner: Mutex<HashMap<Key, Vec<String>>>,
