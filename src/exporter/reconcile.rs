@@ -29,6 +29,7 @@ use crate::exporter::lease::assign::{
 use crate::exporter::own_writes::{Ledger, Replacements, STALE_RECHECK, Tokens};
 use crate::exporter::settings::Settings;
 use crate::runtime::controller::Guarded;
+use crate::runtime::writer::kube_metric_label;
 use crate::runtime::{ReconcileError, Synced, WriteError, Writer};
 
 pub struct Ctx {
@@ -93,21 +94,30 @@ fn readable<K>(guards: &[Arc<Guarded<K>>]) -> Vec<&K> {
 pub enum Error {
     #[error(transparent)]
     Write(#[from] WriteError),
-    #[error(transparent)]
-    Kube(#[from] kube::Error),
+    /// A credential Secret the metadata cache knows, read for its token.
+    #[error("read Secret {0}")]
+    ReadSecret(String, #[source] kube::Error),
+    /// The exporter a lease is about to get, read fresh (rule 5.4.3).
+    #[error("read Exporter {0}")]
+    ReadExporter(String, #[source] kube::Error),
+    /// The fresh reads an Unsatisfiable end is decided on.
+    #[error("confirm that Lease {0} is unsatisfiable")]
+    ConfirmUnsatisfiable(String, #[source] kube::Error),
 }
 
 impl ReconcileError for Error {
     fn metric_label(&self) -> &'static str {
         match self {
             Error::Write(e) => e.metric_label(),
-            Error::Kube(_) => "kube",
+            Error::ReadSecret(_, e)
+            | Error::ReadExporter(_, e)
+            | Error::ConfirmUnsatisfiable(_, e) => kube_metric_label(e),
         }
     }
     fn is_conflict(&self) -> bool {
         match self {
             Error::Write(e) => e.is_conflict(),
-            Error::Kube(kube::Error::Api(s)) => s.code == 409,
+            // Reads never conflict.
             _ => false,
         }
     }
@@ -173,7 +183,11 @@ async fn stored_credential(
             }));
         }
     }
-    let Some(secret) = api.get_opt(name).await? else {
+    let Some(secret) = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::ReadSecret(name.to_string(), e))?
+    else {
         return Ok(None);
     };
     let token = secret
@@ -678,20 +692,24 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         // Exporter, policy or Client created just before the Lease may not be in them yet.
         // The failure is decided again on fresh reads (three requests, failures only).
         if matches!(decision, Assignment::Unsatisfiable { .. }) {
+            let confirm = |e| Error::ConfirmUnsatisfiable(name.clone(), e);
             let exporters = Api::<Exporter>::namespaced(ctx.client.clone(), &ns)
                 .list(&Default::default())
-                .await?
+                .await
+                .map_err(confirm)?
                 .items;
             let policies = Api::<ExporterAccessPolicy>::namespaced(ctx.client.clone(), &ns)
                 .list(&Default::default())
-                .await?
+                .await
+                .map_err(confirm)?
                 .items;
             let client = if policies.is_empty() || lease.spec.client_ref.name.is_empty() {
                 None
             } else {
                 Api::<Client>::namespaced(ctx.client.clone(), &ns)
                     .get_opt(&lease.spec.client_ref.name)
-                    .await?
+                    .await
+                    .map_err(confirm)?
             };
             let (exporter_refs, policy_refs) = (
                 exporters.iter().collect::<Vec<_>>(),
@@ -734,7 +752,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                 }),
                 Err(e) => {
                     ctx.ledger.release(&ns, &name);
-                    return Err(e.into());
+                    return Err(Error::ReadExporter(exporter.clone(), e));
                 }
             };
             if let Some(pending) = gated {
@@ -828,6 +846,26 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    #[test]
+    fn read_errors_name_their_step_and_print_the_cause_once() {
+        let forbidden = || {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code: 403,
+                message: "secrets \"e1-exporter\" is forbidden".into(),
+                ..Default::default()
+            }))
+        };
+        let e = Error::ReadSecret("e1-exporter".into(), forbidden());
+        // The step's own message holds no cause: the chain adds it once, after it.
+        assert_eq!(e.to_string(), "read Secret e1-exporter");
+        let chain = crate::runtime::controller::error_chain(&e);
+        assert!(chain.starts_with("read Secret e1-exporter: "), "{chain}");
+        assert_eq!(e.metric_label(), "forbidden");
+        let e = Error::ConfirmUnsatisfiable("l1".into(), forbidden());
+        assert!(e.to_string().contains("Lease l1"), "{e}");
+        assert!(!e.is_conflict());
+    }
 
     #[test]
     fn merge_patch_has_only_changes_and_nulls_for_removals() {
