@@ -673,20 +673,30 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         } else {
             Caches::get(&ctx.caches.clients, &ns, &lease.spec.client_ref.name)
         };
-        let mut decision = ctx.ledger.decide(
-            &ns,
-            &name,
-            || Caches::in_namespace(&ctx.caches.leases, &ns),
-            |active| {
-                assign::decide_assignment(&AssignInputs {
-                    lease: &lease,
-                    exporters: &exporter_refs,
-                    active_leases: active,
-                    policies: &policy_refs,
-                    client: client.as_ref().and_then(|c| c.0.as_ref().ok()),
-                    now,
-                })
-            },
+        // Decides and reserves under the ledger's lock, from the inputs given.
+        let decide = |exporters: &[&Exporter],
+                      policies: &[&ExporterAccessPolicy],
+                      client: Option<&Client>| {
+            ctx.ledger.decide(
+                &ns,
+                &name,
+                || Caches::in_namespace(&ctx.caches.leases, &ns),
+                |active| {
+                    assign::decide_assignment(&AssignInputs {
+                        lease: &lease,
+                        exporters,
+                        active_leases: active,
+                        policies,
+                        client,
+                        now,
+                    })
+                },
+            )
+        };
+        let mut decision = decide(
+            &exporter_refs,
+            &policy_refs,
+            client.as_ref().and_then(|c| c.0.as_ref().ok()),
         );
         // Unsatisfiable ends the lease (§6.5), so it is never decided on caches alone: an
         // Exporter, policy or Client created just before the Lease may not be in them yet.
@@ -711,24 +721,10 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                     .await
                     .map_err(confirm)?
             };
-            let (exporter_refs, policy_refs) = (
-                exporters.iter().collect::<Vec<_>>(),
-                policies.iter().collect::<Vec<_>>(),
-            );
-            decision = ctx.ledger.decide(
-                &ns,
-                &name,
-                || Caches::in_namespace(&ctx.caches.leases, &ns),
-                |active| {
-                    assign::decide_assignment(&AssignInputs {
-                        lease: &lease,
-                        exporters: &exporter_refs,
-                        active_leases: active,
-                        policies: &policy_refs,
-                        client: client.as_ref(),
-                        now,
-                    })
-                },
+            decision = decide(
+                &exporters.iter().collect::<Vec<_>>(),
+                &policies.iter().collect::<Vec<_>>(),
+                client.as_ref(),
             );
         }
         // Rule 5.4.3: the caches are not mutually consistent, so an exporter that records lease

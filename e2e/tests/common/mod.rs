@@ -643,30 +643,17 @@ impl Manager {
             .env_remove("RUST_LOG")
             .env_remove("POD_NAMESPACE")
             .env_remove("WATCH_NAMESPACE");
-        // Parallel managers must not fight over the exporter's default gRPC port (:8082). The
-        // advertised endpoint keeps its default unless a test sets it.
-        if ucm::FEATURES.iter().any(|f| f.name == "exporter")
-            && !opts
-                .extra
-                .iter()
-                .any(|a| a.starts_with("--exporter-grpc-bind-address"))
-        {
-            cmd.arg(format!(
-                "--exporter-grpc-bind-address=127.0.0.1:{}",
-                free_port()
-            ));
-        }
-        // Nor over the login service's default port (:8086).
-        if ucm::FEATURES.iter().any(|f| f.name == "exporter")
-            && !opts
-                .extra
-                .iter()
-                .any(|a| a.starts_with("--exporter-login-bind-address"))
-        {
-            cmd.arg(format!(
-                "--exporter-login-bind-address=127.0.0.1:{}",
-                free_port()
-            ));
+        // Parallel managers must not fight over the exporter's default gRPC (:8082) and login
+        // (:8086) ports. The advertised endpoint keeps its default unless a test sets it.
+        if ucm::FEATURES.iter().any(|f| f.name == "exporter") {
+            for flag in [
+                "--exporter-grpc-bind-address",
+                "--exporter-login-bind-address",
+            ] {
+                if !opts.extra.iter().any(|a| a.starts_with(flag)) {
+                    cmd.arg(format!("{flag}=127.0.0.1:{}", free_port()));
+                }
+            }
         }
         // A test may ask for another level (e.g. trace, to check what the logs never contain).
         if !opts.extra.iter().any(|a| a.starts_with("--log-level")) {
