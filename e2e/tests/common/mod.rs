@@ -448,12 +448,32 @@ where
     }
 }
 
+/// A port for a server a test starts: free when asked, never handed out twice in this process,
+/// and below the kernel's ephemeral range. A port from that range (what binding port 0 gives)
+/// can meanwhile become the local port of any outgoing connection, so the server's bind fails,
+/// and a connect to it before the server listens can connect to itself.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    const LOW: u32 = 10_000;
+    let span = ephemeral_low.saturating_sub(LOW);
+    assert!(
+        span >= 1_000,
+        "the ephemeral port range starts at {ephemeral_low}: no room below it for test servers"
+    );
+    // Processes started together (the suite, a bench) begin at different offsets.
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{ephemeral_low}");
 }
 
 pub fn signal(pid: u32, sig: &str) {
