@@ -471,7 +471,11 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
         .await?
         {
             Credential::Held(claims, minted) => {
-                credential_event(&ctx, &*exporter, "exporter", minted, &secret_name).await;
+                // An Exporter's first credential gets no event (upstream emits none for
+                // Exporters): with thousands created at once it would be a third of their
+                // requests. A renewal or a replacement is news, so those keep theirs.
+                let news = minted.filter(|m| !matches!(m, MintReason::Created));
+                credential_event(&ctx, &*exporter, "exporter", news, &secret_name).await;
                 Some(claims)
             }
             Credential::Conflict => {
