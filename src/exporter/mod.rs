@@ -117,23 +117,10 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         std::env::var("GRPC_ENDPOINT").ok(),
         std::env::var("CONTROLLER_KEY").ok(),
     )?;
-    // Read once at start, as upstream: a changed ConfigMap or key applies after a restart.
-    let Some(loaded) = startup::load_config(&rt).await else {
-        return Ok(()); // shutdown while the ConfigMap was invalid
-    };
-    for w in &loaded.warnings {
-        tracing::warn!("{w}");
-    }
-    let settings = settings.with_config(loaded.config);
-    let Some(key) = crate::exporter::auth::signing::load(&rt, &settings.key_source).await? else {
-        return Ok(()); // shutdown before the key Secret was usable
-    };
-
-    let metrics = metrics::Metrics::new();
-    metrics
-        .register(&rt.metrics.registry)
-        .map_err(|e| format!("cannot register exporter metrics: {e}"))?;
-
+    // The watches start before the ConfigMap and key reads below, which need none of them:
+    // listing thousands of Exporters is the longest step of a start-up (issue 15). Readiness
+    // waits for those reads too.
+    let settings_read = rt.track_synced("exporter-settings");
     // One watch and one cache per kind, each feeding every controller that maps it (issue 17:
     // lease assignment reads only caches). A pass reads the cache its trigger came through,
     // and a reflector stores an event before passing it on, so a pass always reads the change
@@ -176,6 +163,24 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
     let [lease_primary, lease_wakes] = two(lease_events);
     let [client_primary, client_wakes] = two(client_events);
     let [exporter_secrets, client_secrets] = two(secret_events);
+
+    // Read once at start, as upstream: a changed ConfigMap or key applies after a restart.
+    let Some(loaded) = startup::load_config(&rt).await else {
+        return Ok(()); // shutdown while the ConfigMap was invalid
+    };
+    for w in &loaded.warnings {
+        tracing::warn!("{w}");
+    }
+    let settings = settings.with_config(loaded.config);
+    let Some(key) = crate::exporter::auth::signing::load(&rt, &settings.key_source).await? else {
+        return Ok(()); // shutdown before the key Secret was usable
+    };
+
+    let metrics = metrics::Metrics::new();
+    metrics
+        .register(&rt.metrics.registry)
+        .map_err(|e| format!("cannot register exporter metrics: {e}"))?;
+    settings_read.done();
 
     // Exporter: its own changes (status included: the gRPC service writes conditions), except
     // heartbeats that move `lastSeen` alone (nothing derived changes, and the last pass's timer

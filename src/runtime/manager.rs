@@ -187,12 +187,22 @@ pub async fn run(
 async fn run_feature(f: &'static Feature, rt: Runtime, matches: clap::ArgMatches) {
     let check = f.check_name();
     let crds: Api<CustomResourceDefinition> = Api::all(rt.client.clone());
-    for crd in f.installed_crds() {
-        let name = crd.name_any();
+    rt.health.set(
+        &check,
+        Err("checking the feature's CustomResourceDefinitions".into()),
+    );
+    // All at once: one after the other they wait behind the other features' initial lists.
+    let names: Vec<String> = f.installed_crds().iter().map(|c| c.name_any()).collect();
+    let waits = names.iter().map(|name| {
         let set = |msg: String| rt.health.set(&check, Err(msg));
-        if !wait_established(&crds, &name, f.name, &rt.shutdown, set).await {
-            return;
-        }
+        wait_established(&crds, name, f.name, &rt.shutdown, set)
+    });
+    if !futures::future::join_all(waits)
+        .await
+        .into_iter()
+        .all(|up| up)
+    {
+        return;
     }
     // Ready once the feature's controllers have their initial lists (see Runtime::track_synced).
     rt.health.set(
@@ -227,15 +237,15 @@ async fn wait_established(
     let missing = format!("CustomResourceDefinition {name} is not installed or not Established");
     let mut failures = 0u32;
     loop {
-        status(missing.clone());
         match crds.get_opt(name).await {
             Ok(Some(c)) if conditions::is_crd_established().matches_object(Some(&c)) => {
                 return true;
             }
             Ok(_) if failures == 0 => {
+                status(missing.clone());
                 error!(feature, crd = %name, "{missing}; the feature starts once it is applied (see `ucm crds`)")
             }
-            Ok(_) => {}
+            Ok(_) => status(missing.clone()),
             Err(e) => {
                 status(format!("cannot read CustomResourceDefinition {name}: {e}"));
                 warn!(feature, crd = %name, error = %e, "cannot read CustomResourceDefinitions; retrying")

@@ -139,19 +139,18 @@ impl Runtime {
     }
 
     /// Keeps `/readyz` failing (`informers-synced`, and `feature-<name>` until every watch of the
-    /// feature has listed) until the returned callback is called by the watch stream at the end of
-    /// its initial list. Event-driven: kube's `Store::wait_until_ready` wakes only its most recent
-    /// waiter, which is the Controller.
-    pub fn track_synced(&self, name: &'static str) -> impl Fn() + Send + Sync + 'static {
+    /// feature has listed) until the returned tracker sees the end of the watch's initial list.
+    /// Event-driven: kube's `Store::wait_until_ready` wakes only its most recent waiter, which
+    /// is the Controller.
+    pub fn track_synced(&self, name: &'static str) -> SyncTracker {
         let key = (self.feature.unwrap_or(""), name);
         self.watches.lock().expect("lock").insert(key, false);
         self.publish_synced();
-        let rt = self.clone();
-        move || {
-            let first = rt.watches.lock().expect("lock").insert(key, true) == Some(false);
-            if first {
-                rt.publish_synced();
-            }
+        SyncTracker {
+            rt: self.clone(),
+            key,
+            started: std::time::Instant::now(),
+            listed: 0,
         }
     }
 
@@ -188,6 +187,46 @@ impl Runtime {
             if !mine.is_empty() && mine.iter().all(|(_, synced)| **synced) {
                 self.health.set(&format!("feature-{f}"), Ok(()));
             }
+        }
+    }
+}
+
+/// Counts one watch's initial list and marks the watch synced at its end (see
+/// [`Runtime::track_synced`]); feed it every event with `.inspect(move |ev| t.observe(ev))`.
+pub struct SyncTracker {
+    rt: Runtime,
+    key: (&'static str, &'static str),
+    started: std::time::Instant,
+    listed: usize,
+}
+
+impl SyncTracker {
+    pub fn observe<K, E>(&mut self, ev: &Result<kube::runtime::watcher::Event<K>, E>) {
+        use kube::runtime::watcher::Event;
+        match ev {
+            Ok(Event::InitApply(_)) => self.listed += 1,
+            Ok(Event::InitDone) => self.mark(),
+            _ => {}
+        }
+    }
+
+    /// For a readiness gate that is not a watch (a feature's start-up reads).
+    pub fn done(mut self) {
+        self.mark();
+    }
+
+    fn mark(&mut self) {
+        let first = self.rt.watches.lock().expect("lock").insert(self.key, true) == Some(false);
+        if first {
+            // Where start-up time goes, watch by watch (issue 15).
+            tracing::info!(
+                feature = self.key.0,
+                watch = self.key.1,
+                objects = self.listed,
+                ms = self.started.elapsed().as_millis() as u64,
+                "initial list done"
+            );
+            self.rt.publish_synced();
         }
     }
 }

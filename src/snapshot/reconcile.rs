@@ -450,24 +450,17 @@ pub async fn run(rt: Runtime, settings: build::Settings, agent_namespace: String
         )
     });
 
-    let controller = rt.controller::<MiroirSnapshot>(
-        CONTROLLER,
-        guarded,
-        watcher::Config::default(),
-        Trigger::AnyChange,
-    );
-    let store = controller.store();
+    // One watch for two consumers: the controller, and the mapping of every snapshot change
+    // to the siblings that wait on it (a round closing, by publish, void or deletion, lets the
+    // next snapshot of that volume open).
+    let (store, events) = rt.reflect_fanout(CONTROLLER, guarded, watcher::Config::default(), 2);
+    let [primary, sibling_events]: [_; 2] = events.try_into().ok().expect("two streams");
+    let controller =
+        rt.controller_on::<MiroirSnapshot>(CONTROLLER, store.clone(), primary, Trigger::AnyChange);
     let by_volume = store.clone();
     let waiting = store.clone();
     let siblings = store.clone();
-    // A round closing (publish, void, deletion) lets the next snapshot of that volume open:
-    // a second, store-less watch maps every snapshot change to the siblings that wait on it.
-    let sibling_events = watcher(
-        Api::<DeserializeGuard<MiroirSnapshot>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
+    let sibling_events = sibling_events.touched_objects();
     let controller = controller.watches_stream(
         sibling_events,
         move |changed: DeserializeGuard<MiroirSnapshot>| {

@@ -514,23 +514,22 @@ pub async fn run(rt: Runtime, cfg: Config) {
     // Pods: slim copies (§4.2) and the claim index, both fed by one watch.
     let claims = Arc::new(ClaimIndex::default());
     let (pod_store, pod_writer) = reflector::store::<Pod>();
-    let pods_synced = rt.track_synced("vmexport-pods");
+    let mut pods_synced = rt.track_synced("vmexport-pods");
     let ix = Arc::clone(&claims);
-    let pod_events = watcher(rt.watched::<Pod>(), watcher::Config::default())
-        .default_backoff()
-        .modify(slim_pod)
-        .inspect(move |ev| {
-            if matches!(ev, Ok(watcher::Event::InitDone)) {
-                pods_synced();
-            }
-        })
-        .reflect(pod_writer)
-        .inspect(move |ev| {
-            if let Ok(ev) = ev {
-                ix.apply(ev);
-            }
-        })
-        .touched_objects();
+    let pod_events = watcher(
+        rt.watched::<Pod>(),
+        crate::runtime::controller::with_list_pages(watcher::Config::default()),
+    )
+    .default_backoff()
+    .modify(slim_pod)
+    .inspect(move |ev| pods_synced.observe(ev))
+    .reflect(pod_writer)
+    .inspect(move |ev| {
+        if let Ok(ev) = ev {
+            ix.apply(ev);
+        }
+    })
+    .touched_objects();
     let (pvc_store, pvc_events) = rt.reflect::<PersistentVolumeClaim>(
         "vmexport-pvcs",
         rt.watched(),
