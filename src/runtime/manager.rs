@@ -192,10 +192,29 @@ async fn run_feature(f: &'static Feature, rt: Runtime, matches: clap::ArgMatches
         Err("checking the feature's CustomResourceDefinitions".into()),
     );
     // All at once: one after the other they wait behind the other features' initial lists.
+    // The readiness message names every CRD still missing.
     let names: Vec<String> = f.installed_crds().iter().map(|c| c.name_any()).collect();
-    let waits = names.iter().map(|name| {
-        let set = |msg: String| rt.health.set(&check, Err(msg));
-        wait_established(&crds, name, f.name, &rt.shutdown, set)
+    let problems = std::sync::Mutex::new(std::collections::BTreeMap::<String, String>::new());
+    let publish = |name: &str, problem: Option<String>| {
+        let mut p = problems.lock().expect("lock");
+        match problem {
+            Some(msg) => p.insert(name.to_string(), msg),
+            None => p.remove(name),
+        };
+        if !p.is_empty() {
+            let all: Vec<&str> = p.values().map(String::as_str).collect();
+            rt.health.set(&check, Err(all.join("; ")));
+        }
+    };
+    let waits = names.iter().map(|name| async {
+        let up = wait_established(&crds, name, f.name, &rt.shutdown, |msg| {
+            publish(name, Some(msg))
+        })
+        .await;
+        if up {
+            publish(name, None);
+        }
+        up
     });
     if !futures::future::join_all(waits)
         .await
