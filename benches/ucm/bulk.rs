@@ -622,7 +622,7 @@ fn figures(ctx: &Ctx, s: &Samples, breakdown: &BTreeMap<&str, String>) -> Vec<Fi
         )
         .reference(
             median(&s.get("startup.list_ref")),
-            "bare client listing the same kinds one after the other (pages of 5,000, as the manager)",
+            "bare client listing the same kinds one after the other (pages of 500, as the manager)",
             true,
         )
         .note(format!(

@@ -167,9 +167,8 @@ pub async fn list_all<K>(api: &Api<K>) -> usize
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    // The manager's page size (runtime::controller::LIST_PAGE_SIZE), so the start-up reference
-    // lists as it does.
-    let mut lp = ListParams::default().limit(5_000);
+    // kube's page size, as the manager's watches list.
+    let mut lp = ListParams::default().limit(500);
     let mut n = 0;
     loop {
         let page = api.list(&lp).await.unwrap();

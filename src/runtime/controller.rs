@@ -184,19 +184,6 @@ impl kube::runtime::utils::Backoff for TriggerBackoff {
     }
 }
 
-/// Objects per page of a watch's initial list. kube's default, 500, made start-up with
-/// thousands of objects several times slower on a busy 2-core API server than pages of 5,000
-/// (issue 15: 18,000 objects over about 40 pages); client-go's informers get the same effect
-/// from a list at resourceVersion 0, which the watch cache answers in one response. A page of
-/// 5,000 Exporters is about 13 MB of JSON, held only while it is decoded.
-pub const LIST_PAGE_SIZE: u32 = 5_000;
-
-/// `cfg` with [`LIST_PAGE_SIZE`] pages, for every watch of the manager.
-pub fn with_list_pages(mut cfg: watcher::Config) -> watcher::Config {
-    cfg.page_size = Some(LIST_PAGE_SIZE);
-    cfg
-}
-
 /// The short jittered delay after a write conflict ("immediately" in the feature specs).
 pub fn conflict_delay() -> Duration {
     Duration::from_millis(rand::rng().random_range(10..100))
@@ -372,7 +359,6 @@ impl Runtime {
     {
         let (reader, writer) = reflector::store();
         let mut synced = self.track_synced(name);
-        let cfg = with_list_pages(cfg);
         let stream = watcher(api, cfg)
             .default_backoff()
             // managedFields are often the largest part of a cached object, and only the

@@ -516,20 +516,17 @@ pub async fn run(rt: Runtime, cfg: Config) {
     let (pod_store, pod_writer) = reflector::store::<Pod>();
     let mut pods_synced = rt.track_synced("vmexport-pods");
     let ix = Arc::clone(&claims);
-    let pod_events = watcher(
-        rt.watched::<Pod>(),
-        crate::runtime::controller::with_list_pages(watcher::Config::default()),
-    )
-    .default_backoff()
-    .modify(slim_pod)
-    .inspect(move |ev| pods_synced.observe(ev))
-    .reflect(pod_writer)
-    .inspect(move |ev| {
-        if let Ok(ev) = ev {
-            ix.apply(ev);
-        }
-    })
-    .touched_objects();
+    let pod_events = watcher(rt.watched::<Pod>(), watcher::Config::default())
+        .default_backoff()
+        .modify(slim_pod)
+        .inspect(move |ev| pods_synced.observe(ev))
+        .reflect(pod_writer)
+        .inspect(move |ev| {
+            if let Ok(ev) = ev {
+                ix.apply(ev);
+            }
+        })
+        .touched_objects();
     let (pvc_store, pvc_events) = rt.reflect::<PersistentVolumeClaim>(
         "vmexport-pvcs",
         rt.watched(),
