@@ -205,17 +205,17 @@ impl SyncTracker {
         use kube::runtime::watcher::Event;
         match ev {
             Ok(Event::InitApply(_)) => self.listed += 1,
-            Ok(Event::InitDone) => self.mark(),
+            Ok(Event::InitDone) => self.mark("initial list done"),
             _ => {}
         }
     }
 
     /// For a readiness gate that is not a watch (a feature's start-up reads).
     pub fn done(mut self) {
-        self.mark();
+        self.mark("start-up reads done");
     }
 
-    fn mark(&mut self) {
+    fn mark(&mut self, what: &'static str) {
         let first = self.rt.watches.lock().expect("lock").insert(self.key, true) == Some(false);
         if first {
             // Where start-up time goes, watch by watch (issue 15).
@@ -224,7 +224,7 @@ impl SyncTracker {
                 watch = self.key.1,
                 objects = self.listed,
                 ms = self.started.elapsed().as_millis() as u64,
-                "initial list done"
+                "{what}"
             );
             self.rt.publish_synced();
         }
