@@ -230,7 +230,7 @@ mod tests {
     fn cache(leases: &[&Lease]) -> impl FnOnce() -> Vec<Arc<Guarded<Lease>>> {
         let guards: Vec<_> = leases
             .iter()
-            .map(|l| Arc::new(kube::core::DeserializeGuard(Ok((*l).clone()))))
+            .map(|l| Arc::new(crate::runtime::Guarded(Ok((*l).clone()))))
             .collect();
         move || guards
     }
@@ -329,7 +329,7 @@ mod tests {
                     (0..8)
                         .filter_map(|i| {
                             let name = format!("l{}", t * 8 + i);
-                            let guard = kube::core::DeserializeGuard(Ok(pending(&name)));
+                            let guard = crate::runtime::Guarded(Ok(pending(&name)));
                             store.lock().unwrap().push(Arc::new(guard));
                             let snapshot = || store.lock().unwrap().clone();
                             // The first of 64 exporters that nothing holds.

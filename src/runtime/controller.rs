@@ -1,5 +1,5 @@
 //! Running a kube-runtime Controller the ucm way, so every feature gets the same behaviour:
-//! a `DeserializeGuard` primary stream with backoff and a generation/finalizer predicate,
+//! a [`Guarded`] primary stream with backoff and a generation/finalizer predicate,
 //! concurrency from `--max-concurrent-reconciles`, `reconcile_all_on` leadership acquisition,
 //! `graceful_shutdown_on` the shared token, metrics around every reconcile, the leadership check
 //! before it, one error policy with per-object exponential backoff, and the run stream drained
@@ -16,7 +16,6 @@ use std::{
 use futures::StreamExt;
 use kube::{
     Api, Resource,
-    core::DeserializeGuard,
     runtime::{
         Controller, Predicate, WatchStreamExt,
         controller::{Action, Config},
@@ -133,7 +132,7 @@ pub fn hash_except_status<K: serde::Serialize + Resource>(
     Some(h.finish())
 }
 
-pub type Guarded<K> = DeserializeGuard<K>;
+pub use super::guarded::Guarded;
 
 /// One consumer's events of a [`Runtime::reflect_fanout`] watch.
 pub type FanoutStream<K> =

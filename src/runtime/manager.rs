@@ -39,7 +39,10 @@ pub async fn client(kubeconfig: Option<&str>) -> anyhow::Result<Client> {
         }
         None => kube::Config::infer().await?,
     };
-    Ok(Client::try_from(config)?)
+    // Field sets of managedFields are dropped before decoding (trim.rs).
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&super::trim::TrimLayer)
+        .build())
 }
 
 /// Runs the manager; returns the process exit code.

@@ -4,7 +4,7 @@
 //! How a feature plugs in (see `crate::FEATURES`):
 //! 1. `src/<feature>/mod.rs` defines `pub static FEATURE: Feature` ([`feature::Feature`]).
 //! 2. Its `start(rt, matches)` parses its settings from `matches`, builds controllers with
-//!    [`Runtime::controller`] (primary kind, with DeserializeGuard, backoff, predicate,
+//!    [`Runtime::controller`] (primary kind, [`guarded::Guarded`], backoff, predicate,
 //!    concurrency, reconcile-all on leadership, graceful shutdown) and runs each with
 //!    [`controller::run`] (leadership check, metrics, error policy, logging).
 //! 3. Every write goes through a [`writer::Writer`] from [`Runtime::writer`]: it refuses writes
@@ -19,6 +19,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd_bounds;
 pub mod feature;
+pub mod guarded;
 pub mod health;
 pub mod http;
 pub mod leader;
@@ -27,6 +28,7 @@ pub mod manager;
 pub mod metrics;
 pub mod rbac;
 pub mod shutdown;
+pub mod trim;
 pub mod unreadable;
 pub mod writer;
 
@@ -40,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use controller::{ReconcileError, Trigger};
 pub use feature::{Agent, Feature};
+pub use guarded::Guarded;
 pub use leader::Leadership;
 pub use writer::{WriteError, Writer};
 

@@ -7,13 +7,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::runtime::Guarded;
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{
     Api, Resource, ResourceExt,
     api::ListParams,
-    core::DeserializeGuard,
     runtime::{
         WatchStreamExt,
         controller::Action,
@@ -117,8 +117,8 @@ impl RoundMetrics {
 pub struct Context {
     pub writer: Writer,
     pub snapshots: Api<MiroirSnapshot>,
-    pub snapshot_store: Store<DeserializeGuard<MiroirSnapshot>>,
-    pub volumes: Store<DeserializeGuard<MiroirVolume>>,
+    pub snapshot_store: Store<Guarded<MiroirSnapshot>>,
+    pub volumes: Store<Guarded<MiroirVolume>>,
     pub leases: Store<Lease>,
     pub settings: build::Settings,
     pub metrics: RoundMetrics,
@@ -430,11 +430,11 @@ async fn act(snap: &MiroirSnapshot, d: Decision, ctx: &Context) -> Result<Action
 pub async fn run(rt: Runtime, settings: build::Settings, agent_namespace: String) {
     let client = rt.client.clone();
     let snapshots: Api<MiroirSnapshot> = Api::all(client.clone());
-    let guarded: Api<DeserializeGuard<MiroirSnapshot>> = Api::all(client.clone());
+    let guarded: Api<Guarded<MiroirSnapshot>> = Api::all(client.clone());
 
     let (vol_reader, volume_events) = rt.reflect(
         "miroirvolumes",
-        Api::<DeserializeGuard<MiroirVolume>>::all(client.clone()),
+        Api::<Guarded<MiroirVolume>>::all(client.clone()),
         watcher::Config::default(),
     );
     let (lease_reader, lease_events) = rt.reflect(
@@ -461,9 +461,8 @@ pub async fn run(rt: Runtime, settings: build::Settings, agent_namespace: String
     let waiting = store.clone();
     let siblings = store.clone();
     let sibling_events = sibling_events.touched_objects();
-    let controller = controller.watches_stream(
-        sibling_events,
-        move |changed: DeserializeGuard<MiroirSnapshot>| {
+    let controller =
+        controller.watches_stream(sibling_events, move |changed: Guarded<MiroirSnapshot>| {
             let Ok(changed) = changed.0 else {
                 return Vec::new();
             };
@@ -479,10 +478,9 @@ pub async fn run(rt: Runtime, settings: build::Settings, agent_namespace: String
                 })
                 .map(|s| ObjectRef::from_obj(&**s))
                 .collect::<Vec<_>>()
-        },
-    );
+        });
     let controller = controller
-        .watches_stream(volume_events, move |v: DeserializeGuard<MiroirVolume>| {
+        .watches_stream(volume_events, move |v: Guarded<MiroirVolume>| {
             let name = v.name_any();
             by_volume
                 .state()

@@ -6,10 +6,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::runtime::Guarded;
 use jiff::Timestamp;
 use kube::{
     Api, Resource, ResourceExt,
-    core::DeserializeGuard,
     runtime::{
         events::{Event as KubeEvent, EventType, Recorder},
         reflector::{ObjectRef, Store},
@@ -64,8 +64,8 @@ pub(super) struct Ctx {
     pub(super) settings: decide::Settings,
     pub(super) fail_limit: u32,
     pub(super) snapshots: Api<MiroirSnapshot>,
-    pub(super) snap_store: Store<DeserializeGuard<MiroirSnapshot>>,
-    pub(super) vol_store: Store<DeserializeGuard<MiroirVolume>>,
+    pub(super) snap_store: Store<Guarded<MiroirSnapshot>>,
+    pub(super) vol_store: Store<Guarded<MiroirVolume>>,
     pub(super) barrier: Arc<dyn Barrier>,
     pub(super) pools: BTreeMap<String, Arc<dyn Backend>>,
     pub(super) journal: Mutex<Journal>,

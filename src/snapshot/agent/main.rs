@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::runtime::Guarded;
 use futures::StreamExt;
 use kube::{
     Api, Client, ResourceExt,
-    core::DeserializeGuard,
     runtime::{
         WatchStreamExt,
         events::{Recorder, Reporter},
@@ -115,8 +115,8 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
         Err("waiting for the initial list of snapshots and volumes".into()),
     );
 
-    let (snap_reader, snap_writer) = reflector::store::<DeserializeGuard<MiroirSnapshot>>();
-    let (vol_reader, vol_writer) = reflector::store::<DeserializeGuard<MiroirVolume>>();
+    let (snap_reader, snap_writer) = reflector::store::<Guarded<MiroirSnapshot>>();
+    let (vol_reader, vol_writer) = reflector::store::<Guarded<MiroirVolume>>();
     let ctx = Arc::new(Ctx {
         node: node.clone(),
         settings: decide::Settings {
@@ -150,13 +150,13 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
     ctx.update_gauge().await;
 
     let snap_events = watcher(
-        Api::<DeserializeGuard<MiroirSnapshot>>::all(client.clone()),
+        Api::<Guarded<MiroirSnapshot>>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
     .reflect(snap_writer);
     let vol_events = watcher(
-        Api::<DeserializeGuard<MiroirVolume>>::all(client.clone()),
+        Api::<Guarded<MiroirVolume>>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
