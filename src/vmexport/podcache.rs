@@ -4,16 +4,23 @@
 //! An export Pod (controlled by a VirtualMachineExport) also keeps what the reconciler reads of
 //! it, so a pass reads it from this cache too: its annotations, its first container's
 //! environment (the links) and its containers' readiness.
+//!
+//! The watch decodes Pods as [`SlimPod`], reading only those fields from the JSON.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerStatus, PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodStatus, Volume,
+    Container, ContainerStatus, EnvVar, PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodStatus,
+    Volume,
 };
+use kube::Resource;
 use kube::api::ObjectMeta;
+use kube::core::NamespaceResourceScope;
 use kube::runtime::watcher;
+use serde::{Deserialize, Deserializer};
 
 /// Reduces a Pod to what the vmexport reconciler reads from the cache. A Pod that mounts no
 /// claim keeps no volumes, so the many Pods unrelated to exports cost little more than their
@@ -91,6 +98,129 @@ pub fn slim_pod(pod: &mut Pod) {
         container_statuses: ready,
         ..Default::default()
     });
+}
+
+/// A Pod as the vmexport watch decodes it: only the fields [`slim_pod`] may keep are read from
+/// the JSON (serde skips the rest without building it), so the many Pods of a cluster cost
+/// their metadata and little more to decode, not a whole `PodSpec` each. The watch hands on
+/// the `Pod` inside.
+#[derive(Clone, Debug)]
+pub struct SlimPod(pub Pod);
+
+impl<'de> Deserialize<'de> for SlimPod {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            #[serde(default)]
+            metadata: ObjectMeta,
+            spec: Option<WireSpec>,
+            status: Option<WireStatus>,
+        }
+        #[derive(Deserialize)]
+        struct WireSpec {
+            #[serde(default)]
+            containers: Vec<WireContainer>,
+            volumes: Option<Vec<WireVolume>>,
+        }
+        #[derive(Deserialize)]
+        struct WireContainer {
+            env: Option<Vec<EnvVar>>,
+        }
+        #[derive(Deserialize)]
+        struct WireVolume {
+            name: String,
+            #[serde(rename = "persistentVolumeClaim")]
+            claim: Option<PersistentVolumeClaimVolumeSource>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct WireStatus {
+            phase: Option<String>,
+            container_statuses: Option<Vec<WireReady>>,
+        }
+        #[derive(Deserialize)]
+        struct WireReady {
+            name: String,
+            #[serde(default)]
+            ready: bool,
+        }
+        let w = Wire::deserialize(d)?;
+        let mut pod = Pod {
+            metadata: w.metadata,
+            spec: w.spec.map(|s| PodSpec {
+                containers: s
+                    .containers
+                    .into_iter()
+                    .take(1)
+                    .map(|c| Container {
+                        env: c.env,
+                        ..Default::default()
+                    })
+                    .collect(),
+                volumes: s.volumes.map(|vs| {
+                    vs.into_iter()
+                        .map(|v| Volume {
+                            name: v.name,
+                            persistent_volume_claim: v.claim,
+                            ..Default::default()
+                        })
+                        .collect()
+                }),
+                ..Default::default()
+            }),
+            status: w.status.map(|s| PodStatus {
+                phase: s.phase,
+                container_statuses: s.container_statuses.map(|cs| {
+                    cs.into_iter()
+                        .map(|c| ContainerStatus {
+                            name: c.name,
+                            ready: c.ready,
+                            ..Default::default()
+                        })
+                        .collect()
+                }),
+                ..Default::default()
+            }),
+        };
+        slim_pod(&mut pod);
+        Ok(SlimPod(pod))
+    }
+}
+
+impl Resource for SlimPod {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Pod::kind(&())
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Pod::group(&())
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Pod::version(&())
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Pod::plural(&())
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.0.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.0.metadata
+    }
+}
+
+/// The watch's events with the `Pod` of each [`SlimPod`].
+pub fn unwrap_event(ev: watcher::Event<SlimPod>) -> watcher::Event<Pod> {
+    use watcher::Event as E;
+    match ev {
+        E::Apply(p) => E::Apply(p.0),
+        E::Delete(p) => E::Delete(p.0),
+        E::Init => E::Init,
+        E::InitApply(p) => E::InitApply(p.0),
+        E::InitDone => E::InitDone,
+    }
 }
 
 /// A Pod controlled by a VirtualMachineExport (the export Pods ucm makes).
@@ -312,6 +442,25 @@ mod tests {
         );
         assert_eq!(pod_state(&slim), PodState::Ready);
         assert_eq!(pod_state(&full), pod_state(&slim));
+    }
+
+    /// The watch decodes Pods as `SlimPod`: the same slim Pod as decoding it whole and slimming.
+    #[test]
+    fn decoding_a_slim_pod_gives_the_slimmed_pod() {
+        for (api_version, kind) in [
+            ("apps/v1", "ReplicaSet"),
+            ("export.kubevirt.io/v1", "VirtualMachineExport"),
+        ] {
+            let full = owned_pod("ns", "p", &["d", "e"], api_version, kind);
+            let mut want = full.clone();
+            slim_pod(&mut want);
+            let text = serde_json::to_string(&full).unwrap();
+            let got: SlimPod = serde_json::from_str(&text).unwrap();
+            assert_eq!(got.0, want, "{kind}");
+        }
+        let bare: SlimPod = serde_json::from_str(r#"{"metadata": {"name": "x"}}"#).unwrap();
+        assert_eq!(bare.0.metadata.name.as_deref(), Some("x"));
+        assert!(serde_json::from_str::<SlimPod>(r#"{"spec": {"volumes": 3}}"#).is_err());
     }
 
     #[test]

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::core::PartialObjectMeta;
@@ -31,7 +31,7 @@ use super::optional::{self, Kind, Optional};
 use super::plan::{
     CertStep, Observed, Plan, PlannedEvent, PodStep, TokenStep, failure_event, plan,
 };
-use super::podcache::{ClaimIndex, slim_pod};
+use super::podcache::{ClaimIndex, SlimPod, slim_pod, unwrap_event};
 use super::sources::*;
 use super::types::{Condition, VirtualMachineExport, VirtualMachineExportStatus};
 use crate::runtime::controller::{self as rtc, Guarded};
@@ -516,9 +516,9 @@ pub async fn run(rt: Runtime, cfg: Config) {
     let (pod_store, pod_writer) = reflector::store::<Pod>();
     let mut pods_synced = rt.track_synced("vmexport-pods");
     let ix = Arc::clone(&claims);
-    let pod_events = watcher(rt.watched::<Pod>(), watcher::Config::default())
+    let pod_events = watcher(rt.watched::<SlimPod>(), watcher::Config::default())
         .default_backoff()
-        .modify(slim_pod)
+        .map_ok(unwrap_event)
         .inspect(move |ev| pods_synced.observe(ev))
         .reflect(pod_writer)
         .inspect(move |ev| {
