@@ -310,10 +310,11 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         },
         ledger: Default::default(),
         replaced: Default::default(),
-        tokens: Default::default(),
+        tokens: own_writes::Tokens::priming(),
     });
 
     futures::join!(
+        reconcile::prime_tokens(rt.clone(), ctx.clone()),
         grpc::run(rt.clone(), ctx.clone()),
         crate::exporter::login::run(rt.clone(), ctx.clone()),
         run(

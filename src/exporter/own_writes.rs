@@ -173,9 +173,20 @@ pub struct Replacements {
 /// version, as this replica wrote or read it. While the Secret cache shows the same version,
 /// the token is known without a GET (Secrets are cached as metadata only, so no other Secret
 /// data is held). Only credentials of this feature's objects are kept, one short JWT each.
-#[derive(Default)]
 pub struct Tokens {
     inner: Mutex<TokensInner>,
+    /// False while a starting manager reads every credential Secret once
+    /// (`reconcile::prime_tokens`): a pass waits for that rather than GET its own Secret.
+    primed: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Tokens {
+    fn default() -> Self {
+        Tokens {
+            inner: Default::default(),
+            primed: tokio::sync::watch::Sender::new(true),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -186,6 +197,23 @@ struct TokensInner {
 }
 
 impl Tokens {
+    /// Tokens that passes wait for until [`Tokens::primed`] is called.
+    pub fn priming() -> Self {
+        Tokens {
+            primed: tokio::sync::watch::Sender::new(false),
+            ..Default::default()
+        }
+    }
+
+    pub fn primed(&self) {
+        self.primed.send_replace(true);
+    }
+
+    pub async fn wait_primed(&self) {
+        let mut rx = self.primed.subscribe();
+        let _ = rx.wait_for(|p| *p).await;
+    }
+
     pub fn get(&self, namespace: &str, name: &str, rv: &str) -> Option<Arc<str>> {
         let inner = self.inner.lock().expect("lock");
         match inner.tokens.get(&(namespace.to_string(), name.to_string())) {

@@ -164,6 +164,7 @@ async fn stored_credential(
     fresh: bool,
 ) -> Result<Option<Stored>, Error> {
     if !fresh {
+        ctx.tokens.wait_primed().await;
         let Some(cached) = ctx
             .caches
             .secrets
@@ -200,6 +201,71 @@ async fn stored_credential(
         meta: secret.metadata,
         token,
     }))
+}
+
+/// The token of a credential Secret: one an Exporter or Client controls, holding `token`.
+fn credential_token(secret: &Secret) -> Option<(&str, &str, &str, Arc<str>)> {
+    let m = &secret.metadata;
+    m.owner_references.iter().flatten().find(|o| {
+        o.controller == Some(true)
+            && (o.kind == "Exporter" || o.kind == "Client")
+            && o.api_version.starts_with("jumpstarter.dev/")
+    })?;
+    let token = secret.data.as_ref()?.get("token")?;
+    let token = std::str::from_utf8(&token.0).ok()?;
+    Some((
+        m.namespace.as_deref()?,
+        m.name.as_deref()?,
+        m.resource_version.as_deref()?,
+        Arc::from(token),
+    ))
+}
+
+/// A starting manager knows no token (the Secret cache holds metadata only), so every
+/// Exporter's and Client's first pass would GET its Secret: thousands of reads after a
+/// restart. Once the caches are synced (after `/readyz`), this reads the Opaque Secrets of
+/// the watched namespaces in pages of 100 instead and remembers each credential's token; the
+/// passes wait for it. On an error each pass reads its own Secret, as before.
+pub async fn prime_tokens(rt: crate::runtime::Runtime, ctx: Arc<Ctx>) {
+    if ctx.caches.synced.wait().await {
+        let api: Api<Secret> = rt.watched();
+        let mut lp = kube::api::ListParams::default()
+            .fields("type=Opaque")
+            .limit(100);
+        let mut known = 0usize;
+        loop {
+            let page = tokio::select! {
+                page = api.list(&lp) => page,
+                _ = rt.shutdown.cancelled() => break,
+            };
+            let page = match page {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list credential Secrets; each pass reads its own");
+                    break;
+                }
+            };
+            for secret in &page.items {
+                if let Some((ns, name, rv, token)) = credential_token(secret) {
+                    ctx.tokens.put(ns, name, rv, token, |ns, n| {
+                        ctx.caches
+                            .secrets
+                            .get(&ObjectRef::new(n).within(ns))
+                            .is_some()
+                    });
+                    known += 1;
+                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(c) => lp = lp.continue_token(&c),
+                None => {
+                    tracing::info!(credentials = known, "credential tokens read");
+                    break;
+                }
+            }
+        }
+    }
+    ctx.tokens.primed();
 }
 
 /// Ensures the credential Secret (rules 4.1.1–4.1.6). A Secret of that name is written only
@@ -846,6 +912,52 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    /// The start-up list keeps the tokens of Secrets an Exporter or Client controls, nothing else.
+    #[test]
+    fn credential_tokens_are_those_of_secrets_our_kinds_control() {
+        let secret = |kind: &str, api_version: &str, controller: bool, token: Option<&str>| {
+            let mut v = serde_json::json!({
+                "metadata": {"name": "s", "namespace": "ns", "resourceVersion": "7",
+                    "ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "o",
+                                         "uid": "u", "controller": controller}]},
+                "type": "Opaque"
+            });
+            if let Some(t) = token {
+                use base64::Engine as _;
+                v["data"] = serde_json::json!({
+                    "token": base64::engine::general_purpose::STANDARD.encode(t)
+                });
+            }
+            serde_json::from_value::<Secret>(v).unwrap()
+        };
+        let ours = secret("Exporter", "jumpstarter.dev/v1alpha1", true, Some("jwt"));
+        let (ns, name, rv, token) = credential_token(&ours).unwrap();
+        assert_eq!((ns, name, rv, &*token), ("ns", "s", "7", "jwt"));
+        assert!(
+            credential_token(&secret(
+                "Client",
+                "jumpstarter.dev/v1alpha1",
+                true,
+                Some("t")
+            ))
+            .is_some()
+        );
+        assert!(
+            credential_token(&secret(
+                "Exporter",
+                "jumpstarter.dev/v1alpha1",
+                false,
+                Some("t")
+            ))
+            .is_none()
+        );
+        assert!(credential_token(&secret("Exporter", "example.com/v1", true, Some("t"))).is_none());
+        assert!(credential_token(&secret("Deployment", "apps/v1", true, Some("t"))).is_none());
+        assert!(
+            credential_token(&secret("Exporter", "jumpstarter.dev/v1alpha1", true, None)).is_none()
+        );
+    }
 
     #[test]
     fn read_errors_name_their_step_and_print_the_cause_once() {
