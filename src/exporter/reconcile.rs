@@ -191,16 +191,27 @@ async fn stored_credential(
     else {
         return Ok(None);
     };
-    let token = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get("token"))
-        .and_then(|b| std::str::from_utf8(&b.0).ok())
-        .map(Arc::from);
+    let token = token_in(&secret);
     Ok(Some(Stored {
         meta: secret.metadata,
         token,
     }))
+}
+
+/// The `token` key of a Secret's data, if it is text.
+fn token_in(secret: &Secret) -> Option<Arc<str>> {
+    let token = secret.data.as_ref()?.get("token")?;
+    std::str::from_utf8(&token.0).ok().map(Arc::from)
+}
+
+/// Remembers the token a credential Secret holds at `rv` (see [`super::own_writes::Tokens`]).
+fn remember_token(ctx: &Ctx, namespace: &str, name: &str, rv: &str, token: Arc<str>) {
+    ctx.tokens.put(namespace, name, rv, token, |ns, n| {
+        ctx.caches
+            .secrets
+            .get(&ObjectRef::new(n).within(ns))
+            .is_some()
+    });
 }
 
 /// The token of a credential Secret: one an Exporter or Client controls, holding `token`.
@@ -211,13 +222,11 @@ fn credential_token(secret: &Secret) -> Option<(&str, &str, &str, Arc<str>)> {
             && (o.kind == "Exporter" || o.kind == "Client")
             && o.api_version.starts_with("jumpstarter.dev/")
     })?;
-    let token = secret.data.as_ref()?.get("token")?;
-    let token = std::str::from_utf8(&token.0).ok()?;
     Some((
         m.namespace.as_deref()?,
         m.name.as_deref()?,
         m.resource_version.as_deref()?,
-        Arc::from(token),
+        token_in(secret)?,
     ))
 }
 
@@ -247,12 +256,7 @@ pub async fn prime_tokens(rt: crate::runtime::Runtime, ctx: Arc<Ctx>) {
             };
             for secret in &page.items {
                 if let Some((ns, name, rv, token)) = credential_token(secret) {
-                    ctx.tokens.put(ns, name, rv, token, |ns, n| {
-                        ctx.caches
-                            .secrets
-                            .get(&ObjectRef::new(n).within(ns))
-                            .is_some()
-                    });
+                    remember_token(&ctx, ns, name, rv, token);
                     known += 1;
                 }
             }
@@ -340,12 +344,7 @@ async fn credential_pass(
     // Whatever this pass leaves in the Secret, at the version it leaves, is known from now on.
     let remember = |written: &ObjectMeta, token: Arc<str>| {
         let rv = written.resource_version.as_deref().unwrap_or_default();
-        ctx.tokens.put(namespace, secret_name, rv, token, |ns, n| {
-            ctx.caches
-                .secrets
-                .get(&ObjectRef::new(n).within(ns))
-                .is_some()
-        });
+        remember_token(ctx, namespace, secret_name, rv, token);
     };
     match action {
         TokenAction::Keep(claims) => {
