@@ -205,6 +205,8 @@ pub struct AuditedRequest {
     pub resource: String,
     pub name: String,
     pub code: u16,
+    /// Path and query, e.g. a list's `limit` and `continue`.
+    pub uri: String,
 }
 
 impl AuditedRequest {
@@ -236,6 +238,7 @@ impl Audit {
                 resource: e["objectRef"]["resource"].as_str().unwrap_or("").into(),
                 name: e["objectRef"]["name"].as_str().unwrap_or("").into(),
                 code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
+                uri: e["requestURI"].as_str().unwrap_or("").into(),
             })
             .collect()
     }
