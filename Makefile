@@ -19,14 +19,17 @@ HELM        := e2e/bin/helm
 PROMTOOL    := e2e/bin/promtool
 KUBELET     := e2e/bin/kubelet
 SCHEDULER   := e2e/bin/kube-scheduler
+KUBEPROXY   := e2e/bin/kube-proxy
 PAUSE       := e2e/bin/pause
-NODE_BINS   := $(KHARNESS) $(KUBECTL) $(KUBELET) $(SCHEDULER) $(PAUSE)
+COREDNS     := e2e/bin/coredns
+LOCALPATH   := e2e/bin/local-path-provisioner
+NODE_BINS   := $(KHARNESS) $(KUBECTL) $(KUBELET) $(SCHEDULER) $(KUBEPROXY) $(PAUSE) $(COREDNS) $(LOCALPATH)
 HELM_VERSION = $(shell awk '$$1=="helm.sh/helm/v4"{print $$2}' e2e/tools/helm/go.mod)
 GO_SOURCES  := $(shell find e2e/cmd/kharness -name '*.go' 2>/dev/null) e2e/go.mod e2e/go.sum
 
 export GOTOOLCHAIN := local
 
-.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench fuzz soak image node node-down node-check
+.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench fuzz soak image node node-down node-check node-e2e
 
 build:
 	$(CARGO) build
@@ -76,25 +79,42 @@ cluster: $(KHARNESS) $(KUBECTL) $(HELM) $(PROMTOOL)
 image:
 	hack/image.sh
 
-# A real node (containerd + runc + kubelet, kube-scheduler, bridge CNI) in its own network
-# namespace, on a control plane of its own (hack/node.sh; root). Not part of `test` yet.
-# `make node-down` stops it and restores the host; `make node-check` proves that it does.
-$(KUBELET) $(SCHEDULER): e2e/go.mod e2e/go.sum
+# A real node (containerd + runc + kubelet, kube-scheduler, kube-proxy, bridge CNI, CoreDNS and
+# rancher's local-path provisioner) in its own network namespace, on a control plane of its own
+# (hack/node.sh; root). `make node-down` stops it and restores the host; `make node-check`
+# runs real Pods, the add-ons and the e2e suite's node area on it, and proves that `down` does.
+$(KUBELET) $(SCHEDULER) $(KUBEPROXY): e2e/go.mod e2e/go.sum
 	cd e2e && $(GO_ENV) go build -ldflags "$(GO_LDFLAGS)" -o bin/$(notdir $@) k8s.io/kubernetes/cmd/$(notdir $@)
+
+# The node's add-ons from their published Go modules, each in a module of its own (like helm):
+# CoreDNS for Service names, the local-path provisioner so PVCs bind (hack/node-addons.yaml).
+$(COREDNS): e2e/tools/coredns/go.mod e2e/tools/coredns/go.sum
+	cd e2e/tools/coredns && $(GO_ENV) go build -ldflags "-s -w" -o ../../bin/coredns github.com/coredns/coredns
+
+$(LOCALPATH): e2e/tools/local-path/go.mod e2e/tools/local-path/go.sum
+	cd e2e/tools/local-path && $(GO_ENV) go build -ldflags "-s -w" -o ../../bin/local-path-provisioner github.com/rancher/local-path-provisioner
 
 $(PAUSE): e2e/cmd/pause/main.go
 	cd e2e && $(GO_ENV) go build -ldflags "-s -w" -o bin/pause ./cmd/pause
 
 node: image $(NODE_BINS)
-	hack/image.sh pause
+	hack/image.sh node
 	hack/node.sh up
 
 node-down:
 	hack/node.sh down
 
 node-check: image $(NODE_BINS)
-	hack/image.sh pause
+	hack/image.sh node
 	hack/node-check.sh
+
+# `make test`'s node step: node-check with the image built from a debug build of the same source
+# (hack/image.sh: a changed source rebuilds in about a minute; the release one takes ~19 min).
+TEST_IMAGE := $(TARGET_DIR)/ucm-image-dev.oci.tar
+node-e2e: $(NODE_BINS)
+	UCM_IMAGE_PROFILE=dev UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/image.sh
+	hack/image.sh node
+	UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/node-check.sh
 
 # One shared control plane for the e2e suite (one test binary); tests needing their own start one.
 e2e: cluster build
@@ -103,11 +123,11 @@ e2e: cluster build
 test-deps:
 	hack/test-deps.sh
 
-test: test-deps lint crds-check unit e2e
+test: test-deps lint crds-check unit e2e node-e2e
 
 # `make run NODE=1`: config/default on a real local node instead (hack/run-node.sh; root).
 run: build cluster $(if $(NODE),image $(NODE_BINS))
-	$(if $(NODE),hack/image.sh pause && hack/run-node.sh,hack/run.sh)
+	$(if $(NODE),hack/image.sh node && hack/run-node.sh,hack/run.sh)
 
 # The benchmark suite (issue 9): writes bench/results.md and bench/results.json. Not part of `test`.
 # `UCM_BENCH_ONLY=<phase>[,<phase>] make bench` reruns some phases (see bench/results.md).

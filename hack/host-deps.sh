@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages `make image` (image) and `make node` (node) need, when missing.
 #   image: buildah builds the Dockerfile daemonless and writes an OCI archive (no registry).
+#   busybox: Debian's static busybox, for the node's helper and demo image (hack/image.sh node).
 #   node:  containerd 1.6 + runc (crun 1.8 fails on hybrid cgroup v1 hosts), the bridge/host-local/
 #          loopback/portmap CNI plugins, iptables for the in-namespace DNAT to the API server.
 # Without root, it only names what is missing.
@@ -12,6 +13,10 @@ for role in "$@"; do
     command -v buildah >/dev/null || need+=(buildah)
     command -v jq >/dev/null || need+=(jq)
     ;;
+  busybox)
+    # busybox-static replaces the dynamic busybox package if that is installed.
+    if [ ! -x /bin/busybox ] || readelf -lW /bin/busybox 2>/dev/null | grep -q INTERP; then need+=(busybox-static); fi
+    ;;
   node)
     command -v containerd >/dev/null || need+=(containerd)
     command -v runc >/dev/null || need+=(runc)
@@ -19,7 +24,7 @@ for role in "$@"; do
     command -v iptables >/dev/null || need+=(iptables)
     command -v nsenter >/dev/null || need+=(util-linux)
     ;;
-  *) echo "usage: $0 image|node..." >&2; exit 2 ;;
+  *) echo "usage: $0 image|busybox|node..." >&2; exit 2 ;;
   esac
 done
 [ ${#need[@]} -eq 0 ] && exit 0

@@ -5,8 +5,9 @@
 # bundle (see the Dockerfile's header); the final FROM scratch stage is built as written.
 # Output: $UCM_IMAGE_ARCHIVE (default <target dir>/ucm-image.oci.tar), image
 # docker.io/library/ucm:<tag>, which is what config/default's `image: ucm` + newTag resolves to.
-# `hack/image.sh pause` (`make node`): the local node's Pod sandbox image, localhost/ucm-pause:1,
-# from e2e/bin/pause (e2e/cmd/pause, static), at $UCM_CACHE/image/pause.oci.tar.
+# `hack/image.sh node` (`make node`): the local node's other images, as archives under
+# $UCM_CACHE/image: the Pod sandbox (localhost/ucm-pause:1, e2e/cmd/pause), CoreDNS, the
+# local-path provisioner and busybox (for the provisioner's helper Pods and the demos).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -19,25 +20,62 @@ hack/host-deps.sh image
 # Own storage under the cache: nothing shared with other buildah/podman users of the machine.
 buildah=(buildah --root "$cache/image/storage" --runroot "$cache/image/run")
 
-if [ "${1:-ucm}" = pause ]; then
+# small NAME REF USER ENTRYPOINT SRC:DST...: an image of static programs (no base image), as an
+# OCI archive at $cache/image/NAME.oci.tar. Same inputs, same digest (--timestamp 0).
+small() {
+  local n=$1 ref=$2 user=$3 entrypoint=$4 c f
+  shift 4
   c=$("${buildah[@]}" from scratch)
-  "${buildah[@]}" copy --chmod 0755 "$c" e2e/bin/pause /pause >/dev/null
-  "${buildah[@]}" config --entrypoint '["/pause"]' --user 65535:65535 "$c"
-  "${buildah[@]}" commit --quiet --timestamp 0 --rm "$c" localhost/ucm-pause:1 >/dev/null
+  for f in "$@"; do "${buildah[@]}" copy --chmod 0755 "$c" "${f%%:*}" "${f#*:}" >/dev/null; done
+  "${buildah[@]}" config --entrypoint "$entrypoint" --user "$user" "$c"
+  "${buildah[@]}" commit --quiet --timestamp 0 --rm "$c" "$ref" >/dev/null
   mkdir -p "$cache/image"
-  rm -f "$cache/image/pause.oci.tar"
-  "${buildah[@]}" push --quiet localhost/ucm-pause:1 "oci-archive:$cache/image/pause.oci.tar:localhost/ucm-pause:1"
-  echo "image localhost/ucm-pause:1 -> $cache/image/pause.oci.tar"
+  rm -f "$cache/image/$n.oci.tar"
+  "${buildah[@]}" push --quiet "$ref" "oci-archive:$cache/image/$n.oci.tar:$ref"
+  echo "image $ref -> $cache/image/$n.oci.tar"
+}
+gomod() { awk -v m="$2" '$1==m{print $2; exit}' "e2e/tools/$1/go.mod"; }
+
+if [ "${1:-ucm}" = node ]; then
+  hack/host-deps.sh busybox
+  # The Pod sandbox.
+  small pause localhost/ucm-pause:1 65535:65535 '["/pause"]' e2e/bin/pause:/pause
+  # CoreDNS and the local-path provisioner, from their Go modules (hack/node-addons.yaml).
+  small coredns "localhost/coredns:$(gomod coredns github.com/coredns/coredns)" 65532:65532 \
+    '["/coredns"]' e2e/bin/coredns:/coredns
+  small local-path "localhost/local-path-provisioner:$(gomod local-path github.com/rancher/local-path-provisioner)" \
+    65532:65532 '["/local-path-provisioner"]' e2e/bin/local-path-provisioner:/local-path-provisioner
+  # The provisioner's helper Pods run `sh` scripts (mkdir, rm) as root: Debian's static busybox
+  # with a link per applet, the image the node's demos also use.
+  bb=$(mktemp -d)
+  trap 'rm -rf "$bb"' EXIT
+  mkdir -p "$bb/bin"
+  cp /bin/busybox "$bb/bin/busybox"
+  for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$bb/bin/$a"; done
+  small busybox "localhost/busybox:$(/bin/busybox | awk 'NR==1{print $2}')" 0:0 '["/bin/sh"]' "$bb/bin:/bin"
   exit 0
 fi
 
 # The same release settings as the Dockerfile's build stage. An explicit --target keeps
 # crt-static off build scripts and proc macros, which cannot be static.
+# UCM_IMAGE_PROFILE=dev (make test's node area) builds the binary with the dev profile instead:
+# the same source and image, but a changed source rebuilds in about a minute, where the release
+# settings (thin LTO, one codegen unit) take about 19 min on 2 cores.
 triple=$(rustc -vV | awk '$1=="host:"{print $2}')
-RUSTFLAGS="-C target-feature=+crt-static" CARGO_PROFILE_RELEASE_STRIP=symbols \
-  CARGO_PROFILE_RELEASE_LTO=thin CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 \
-  cargo build --release --locked --bin ucm --target "$triple"
-bin=$target_dir/$triple/release/ucm
+case ${UCM_IMAGE_PROFILE:-release} in
+release)
+  RUSTFLAGS="-C target-feature=+crt-static" CARGO_PROFILE_RELEASE_STRIP=symbols \
+    CARGO_PROFILE_RELEASE_LTO=thin CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 \
+    cargo build --release --locked --bin ucm --target "$triple"
+  bin=$target_dir/$triple/release/ucm
+  ;;
+dev)
+  RUSTFLAGS="-C target-feature=+crt-static" CARGO_PROFILE_DEV_STRIP=debuginfo \
+    cargo build --locked --bin ucm --target "$triple"
+  bin=$target_dir/$triple/debug/ucm
+  ;;
+*) echo "UCM_IMAGE_PROFILE is release or dev" >&2; exit 2 ;;
+esac
 # No program interpreter: nothing in the image could serve as one.
 if readelf -lW "$bin" | grep -q INTERP; then echo "$bin is not static" >&2; exit 1; fi
 

@@ -3,40 +3,48 @@
 #
 # up:   a control plane of its own (kharness serve --with-kcm, plus a second `kharness kcm` with the
 #       workload controllers and kube-scheduler), and one node: containerd 1.6 + runc + kubelet
-#       v1.37.2 in a network namespace of their own, Pods on a bridge CNI, the ucm image
-#       (`make image`) and a pause image imported from OCI archives. Prints the kubeconfig.
+#       and kube-proxy v1.37.2 in a network namespace of their own, Pods on a bridge CNI, the ucm
+#       image (`make image`) and the node's images (`hack/image.sh node`) imported from OCI
+#       archives, then the add-ons (hack/node-addons.yaml): CoreDNS and the local-path
+#       provisioner with the default StorageClass. Prints the kubeconfig.
 # down: stops all of it and restores what kubelet changed; leaves no process, mount, network
 #       namespace, cgroup or changed sysctl (hack/node-check.sh checks that).
 #
 # Needs root (network namespace, cgroups, mounts); one node per machine. Host side: one veth
 # (UCM_NODE_NAME-h, 10.213.0.1/30) so the API server reaches kubelet on the node's InternalIP,
-# with a route to the Pod CIDR over it; no other address, route or firewall rule. The node
-# reaches the API server (host loopback) through `kharness forward`; Pods reach it at the
-# `kubernetes` Service IP through one DNAT rule in the node's namespace. No kube-proxy and no
-# CoreDNS yet: other Services do not route. Tested on a hybrid cgroup v1 host (Debian 12).
+# with routes to the Pod and Service CIDRs over it; no other address, route or firewall rule.
+# The node reaches the API server (host loopback) through `kharness forward`; Pods reach it at
+# the `kubernetes` Service IP through one DNAT rule in the node's namespace (kharness publishes
+# no endpoints for it); kube-proxy (iptables) routes every other Service, from Pods and from the
+# host. Tested on a hybrid cgroup v1 host (Debian 12).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 name=${UCM_NODE_NAME:-ucm-node}
 state=${UCM_NODE_DIR:-$root/.run/node}
 image=${UCM_IMAGE_ARCHIVE:-${CARGO_TARGET_DIR:-$root/target}/ucm-image.oci.tar}
-pause_image=${UCM_CACHE:-$HOME/.cache/ucm}/image/pause.oci.tar # hack/image.sh pause
+images=${UCM_CACHE:-$HOME/.cache/ucm}/image # hack/image.sh node
+node_images=(pause coredns local-path busybox)
 bin=$root/e2e/bin
 netns=/run/netns/$name
 # Kubelet's root directory stays the default: the snapshot agent's DaemonSet mounts
 # /var/lib/kubelet/pods, and kubelet's device-plugin directory there is not configurable anyway.
 kubelet_dir=/var/lib/kubelet
+# Where the local-path provisioner puts PersistentVolumes (a hostPath its helper Pods mount).
+volume_dir=/var/lib/ucm-node-volumes
 # Host paths the node may create: kubelet (its root, and the /var/log/containers links, which
 # are not configurable); containerd 1.6's shim sockets (/run/containerd/s, not configurable)
 # and libcni's result cache (/var/lib/cni), both left behind by containers that are killed
 # rather than stopped through CRI; DirectoryOrCreate hostPath volumes of the shipped
 # DaemonSets; ip netns. Those absent at `up` are removed at `down`.
 created_paths=(/var/lib/kubelet /var/log/containers /run/containerd /var/lib/cni /run/netns /run/lvm
-  /run/lock /var/lib/drbd /run/ucm-snapshot-agent)
+  /run/lock /var/lib/drbd /run/ucm-snapshot-agent "$volume_dir")
 host_ip=10.213.0.1
 node_ip=10.213.0.2
 pod_cidr=10.244.0.0/24
-service_ip=10.0.0.1 # first address of kharness's --service-cluster-ip-range
+service_cidr=10.0.0.0/24 # kharness's --service-cluster-ip-range
+service_ip=10.0.0.1       # its first address: the `kubernetes` Service
+dns_ip=10.0.0.10          # the kube-dns Service (CoreDNS), kubelet's clusterDNS
 pause_ref=localhost/ucm-pause:1 # as hack/image.sh pause names it
 # What kubelet's setupKernelTunables changes on the host (pkg/kubelet/cm/container_manager_linux.go).
 sysctls=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
@@ -160,21 +168,51 @@ authorization: {mode: AlwaysAllow}
 failSwapOn: false
 podCIDR: $pod_cidr
 resolvConf: /etc/resolv.conf
+clusterDNS: [$dns_ip]
+clusterDomain: cluster.local
 podLogsDir: $state/pod-logs
 serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
 YAML
+  # masqueradeAll: Pods share one bridge, and without br_netfilter a reply from a Service's
+  # endpoint to a Pod on the same bridge would bypass the node's conntrack; masquerading sends it
+  # back through the node. Zero conntrack and OOM settings: kube-proxy leaves the host's global
+  # sysctls and its own score alone (the VM has no CAP_SYS_RESOURCE either).
+  cat >"$state/kube-proxy.yaml" <<YAML
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $state/cluster/kubeconfig}
+hostnameOverride: $name
+mode: iptables
+clusterCIDR: $pod_cidr
+iptables: {masqueradeAll: true}
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+oomScoreAdj: 0
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+YAML
 }
+
+# The add-ons' manifest with this node's values.
+addons() {
+  sed -e "s|@COREDNS_IMAGE@|$(image_ref coredns)|" -e "s|@LOCALPATH_IMAGE@|$(image_ref local-path)|" \
+    -e "s|@BUSYBOX_IMAGE@|$(image_ref busybox)|g" -e "s|@DNS_IP@|$dns_ip|" -e "s|@VOLUME_DIR@|$volume_dir|" \
+    hack/node-addons.yaml
+}
+# The name an image archive of hack/image.sh carries (and `ctr images import` gives it).
+image_ref() { tar -xOf "$images/$1.oci.tar" index.json | jq -r '.manifests[0].annotations["org.opencontainers.image.ref.name"]'; }
 
 up() {
   [ "$(id -u)" -eq 0 ] || die "needs root (network namespace, cgroups, mounts); use the node-less 'make run'"
   hack/host-deps.sh node
-  for b in kharness kubectl kubelet kube-scheduler pause; do
+  for b in kharness kubectl kubelet kube-scheduler kube-proxy pause coredns local-path-provisioner; do
     [ -x "$bin/$b" ] || die "missing $bin/$b: run 'make node' (it builds them)"
   done
   [ -f "$image" ] || die "missing $image: run 'make image'"
-  [ -f "$pause_image" ] || die "missing $pause_image: run 'make node' (it builds it)"
+  for p in "${node_images[@]}"; do
+    [ -f "$images/$p.oci.tar" ] || die "missing $images/$p.oci.tar: run 'make node' (it builds it)"
+  done
   if alive kubelet; then
     say "already up: export KUBECONFIG=$state/cluster/kubeconfig"
     return
@@ -213,6 +251,7 @@ up() {
   # Pod IPs are reachable from the host (curl a Pod's probe or metrics port); the route goes
   # with the link.
   ip route add "$pod_cidr" via "$node_ip" dev "$name-h"
+  ip route add "$service_cidr" via "$node_ip" dev "$name-h"
   ip -n "$name" addr add "$node_ip/30" dev eth0
   ip -n "$name" link set eth0 up
   ip -n "$name" link set lo up
@@ -224,9 +263,11 @@ up() {
   wait_for 60 "the API server" "${kubectl[@]}" get --raw /readyz
   local port
   port=$(jq -r .apiserver "$state/cluster/ports.json")
-  # The workload controllers kharness's own KCM leaves out (tests patch those statuses by hand).
+  # The workload and volume controllers kharness's own KCM leaves out (tests patch those
+  # statuses by hand). The PV binder hands claims to the local-path provisioner; the protection
+  # controllers release a deleted claim or volume once nothing uses it.
   start kcm-workloads "$bin/kharness" kcm --kubeconfig "$state/cluster/kubeconfig" \
-    --controllers=deployment-controller,replicaset-controller,daemonset-controller,statefulset-controller,job-controller,endpointslice-controller,endpoints-controller,pod-garbage-collector-controller,ttl-after-finished-controller,disruption-controller,node-lifecycle-controller
+    --controllers=deployment-controller,replicaset-controller,daemonset-controller,statefulset-controller,job-controller,endpointslice-controller,endpoints-controller,pod-garbage-collector-controller,ttl-after-finished-controller,disruption-controller,node-lifecycle-controller,persistentvolume-binder-controller,persistentvolumeclaim-protection-controller,persistentvolume-protection-controller
   start scheduler "$bin/kube-scheduler" --kubeconfig "$state/cluster/kubeconfig" --leader-elect=false --secure-port=0
   # Inside the node: the API server at the same address as on the host (so kubelet uses the
   # admin kubeconfig unchanged, and the certificate's 127.0.0.1 SAN holds), and at the node
@@ -243,13 +284,19 @@ up() {
   local ctr=(ctr --address "$state/containerd.sock" --namespace k8s.io)
   wait_for 30 containerd "${ctr[@]}" version
   "${ctr[@]}" images import "$image" >/dev/null
-  "${ctr[@]}" images import "$pause_image" >/dev/null
+  for p in "${node_images[@]}"; do "${ctr[@]}" images import "$images/$p.oci.tar" >/dev/null; done
   start kubelet --netns "$bin/kubelet" --config "$state/kubelet.yaml" \
     --kubeconfig "$state/cluster/kubeconfig" --root-dir "$kubelet_dir" --cert-dir "$state/kubelet-pki" \
     --node-ip "$node_ip" --hostname-override "$name"
   wait_for 120 "node $name" "${kubectl[@]}" get node "$name"
   "${kubectl[@]}" wait --for=condition=Ready "node/$name" --timeout=120s >/dev/null ||
     die "node $name is not Ready; logs: $state/logs/kubelet.log"
+  start kube-proxy --netns "$bin/kube-proxy" --config "$state/kube-proxy.yaml"
+  addons | "${kubectl[@]}" apply --server-side --field-manager=ucm-node -f - >/dev/null
+  "${kubectl[@]}" -n kube-system rollout status deployment/coredns --timeout=120s >/dev/null ||
+    die "CoreDNS is not available; $("${kubectl[@]}" -n kube-system get pods -o wide 2>&1)"
+  "${kubectl[@]}" -n local-path-storage rollout status deployment/local-path-provisioner --timeout=120s >/dev/null ||
+    die "the local-path provisioner is not available; $("${kubectl[@]}" -n local-path-storage get pods -o wide 2>&1)"
   trap - EXIT
   say "node $name Ready after $((SECONDS - t0))s; export KUBECONFIG=$state/cluster/kubeconfig"
 }
@@ -289,7 +336,7 @@ down() {
   local t0=$SECONDS
   # Kubelet first, so it does not restart what is stopped next; then the runtime and the
   # control plane. Shims and containers are not children of containerd: killed by cgroup.
-  stop 15 kubelet
+  stop 15 kubelet kube-proxy
   stop 10 containerd
   # The control plane shuts down gracefully (in parallel) while shims and containers are killed.
   local graceful pids p tries=0
@@ -338,7 +385,7 @@ down() {
 
 status() {
   local n
-  for n in apiserver kcm-workloads scheduler forward containerd kubelet; do
+  for n in apiserver kcm-workloads scheduler forward containerd kubelet kube-proxy; do
     if alive "$n"; then echo "$n: running (pid $(cat "$state/pids/$n"))"; else echo "$n: stopped"; fi
   done
   alive apiserver && "${kubectl[@]}" get nodes -o wide
@@ -349,8 +396,9 @@ case ${1:-} in
 up) up ;;
 down) down ;;
 status) status ;;
+image-ref) image_ref "$2" ;;
 *)
-  echo "usage: $0 up|down|status" >&2
+  echo "usage: $0 up|down|status|image-ref NAME" >&2
   exit 2
   ;;
 esac

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# `make run NODE=1`: ucm as a user deploys it. The local node (hack/node.sh, root), the image from
-# `make image`, and config/default applied exactly as shipped; then the Jumpstarter demo objects,
-# which the in-cluster manager reconciles. Follows the manager's log; Ctrl-C brings the node down.
-# Not yet here (issue 20): kube-proxy and CoreDNS (Services do not route, so `jmp` cannot reach
-# the in-cluster gRPC endpoint ucm-grpc.ucm-system.svc), a volume provisioner, the vmexport and
-# snapshot demos. The default `make run` (a local manager process) has the Jumpstarter demo.
+# `make run NODE=1`: ucm as a user deploys it. The local node (hack/node.sh, root: kube-proxy,
+# CoreDNS, the local-path provisioner), the image from `make image`, and config/default applied
+# exactly as shipped; then demo objects the in-cluster manager reconciles: the Jumpstarter demo,
+# and a VirtualMachineExport of a provisioned PVC whose disk is downloaded through the export
+# Service and checked. Follows the manager's log; Ctrl-C brings the node down.
+# Not yet here (issue 20): the snapshot demo. The default `make run` (a local manager process)
+# has the Jumpstarter demo.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -39,17 +40,43 @@ for s in dev-client demo-exporter; do
     sleep 0.5
   done
 done
+
+# VirtualMachineExport: a disk written on a PVC the local-path provisioner binds; the export
+# waits (InUse) until the writer is done, then its export-server Pod serves the disk.
+sed "s|@BUSYBOX_IMAGE@|$(hack/node.sh image-ref busybox)|" hack/demo-vmexport.yaml |
+  "${kubectl[@]}" apply --server-side --field-manager=ucm-run -f - >/dev/null
+"${kubectl[@]}" -n default wait --for=jsonpath='{.status.phase}'=Succeeded pod/demo-disk-writer --timeout=120s >/dev/null ||
+  { "${kubectl[@]}" -n default describe pod demo-disk-writer pvc demo-disk >&2; exit 1; }
+"${kubectl[@]}" -n default wait --for=jsonpath='{.status.phase}'=Ready vmexport/demo-disk --timeout=120s >/dev/null ||
+  { "${kubectl[@]}" -n default get vmexport demo-disk -o yaml >&2; exit 1; }
+vdir=$state/demo
+mkdir -p "$vdir"
+"${kubectl[@]}" -n default get vmexport demo-disk -o jsonpath='{.status.links.internal.cert}' >"$vdir/export-ca.crt"
+"${kubectl[@]}" -n default get secret "$("${kubectl[@]}" -n default get vmexport demo-disk -o jsonpath='{.status.tokenSecretRef}')" \
+  -o jsonpath='{.data.token}' | base64 -d >"$vdir/export-token"
+url=$("${kubectl[@]}" -n default get vmexport demo-disk \
+  -o jsonpath='{.status.links.internal.volumes[0].formats[?(@.format=="raw")].url}')
+svc_host=${url#https://}
+svc_host=${svc_host%%/*}
+svc_ip=$("${kubectl[@]}" -n default get service "${svc_host%%.*}" -o jsonpath='{.spec.clusterIP}')
+curl_cmd="curl -sSf --cacert $vdir/export-ca.crt --resolve $svc_host:443:$svc_ip -H \"x-kubevirt-export-token: \$(cat $vdir/export-token)\" $url"
+want=$("${kubectl[@]}" -n default logs demo-disk-writer | awk '{print $1}')
+got=$(eval "$curl_cmd" | md5sum | awk '{print $1}')
+[ "$got" = "$want" ] || { echo "the exported disk's md5 is $got, the writer wrote $want" >&2; exit 1; }
+
 ip=$("${kubectl[@]}" -n ucm-system get pod -l app.kubernetes.io/component=manager \
   -o jsonpath='{.items[0].status.podIP}')
 "${kubectl[@]}" get pods -A -o wide
 cat <<TXT
 
-config/default is running on node ucm-node ($((SECONDS - t0))s). Try:
+config/default is running on node ucm-node, every demo object ready ($((SECONDS - t0))s). Try:
   export KUBECONFIG=$kubeconfig
-  e2e/bin/kubectl get exporters,clients -A
+  e2e/bin/kubectl get exporters,clients,vmexports -A
   e2e/bin/kubectl -n ucm-system logs deploy/ucm-controller-manager
   curl -s http://$ip:8081/readyz?verbose; curl -s http://$ip:8080/metrics | grep ^ucm_
-Pod IPs are routed from this host; Services are not (no kube-proxy yet).
+The exported disk (its md5 checked against what the writer Pod wrote), through its Service:
+  $curl_cmd | md5sum
+Pod and Service IPs are routed from this host; names resolve in Pods (CoreDNS).
 Following the manager's log; Ctrl-C stops ucm, the node and the control plane.
 TXT
 "${kubectl[@]}" -n ucm-system logs -f deploy/ucm-controller-manager --since=1s &

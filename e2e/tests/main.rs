@@ -20,6 +20,7 @@ mod faults;
 mod grpc;
 mod hooks;
 mod jumpstarter;
+mod node;
 mod runtime;
 mod security;
 mod snapshot;

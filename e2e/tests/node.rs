@@ -1,0 +1,434 @@
+//! ucm as a user runs it, on the local node (issue 20): the image from `make image` on a real
+//! kubelet and containerd, config/default applied with kubectl exactly as shipped, Services
+//! through kube-proxy, names through CoreDNS, PVCs through the local-path provisioner.
+//!
+//! These tests need the node: `hack/node-check.sh` (`make node-check`, part of `make test`)
+//! brings it up, names its kubeconfig in `UCM_NODE_KUBECONFIG`, runs this area, and then proves
+//! that bringing the node down leaves nothing behind. `hack/e2e.sh` skips the area (its control
+//! plane has no node). The tests share one install and run one at a time (`--test-threads=1`):
+//! the failover test deletes the leader's Pod.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::common::*;
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{Pod, Secret, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use serde_json::json;
+use ucm::vmexport::VirtualMachineExport;
+
+const NS: &str = "ucm-system";
+const MANAGER: &str = "app.kubernetes.io/component=manager";
+
+fn node_kubeconfig() -> PathBuf {
+    match std::env::var("UCM_NODE_KUBECONFIG") {
+        Ok(k) if !k.trim().is_empty() => PathBuf::from(k.trim()),
+        _ => panic!(
+            "UCM_NODE_KUBECONFIG is not set: the node area runs on the local node, through \
+             hack/node-check.sh (`make node-check`, part of `make test`; needs root)"
+        ),
+    }
+}
+
+/// `kubectl` against the node's cluster; panics with its output when it fails.
+fn kubectl(args: &[&str]) -> String {
+    let out = Command::new(kubectl_bin())
+        .arg("--kubeconfig")
+        .arg(node_kubeconfig())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// config/default as shipped, once per test process, its manager Available.
+async fn installed() -> Client {
+    static ONCE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    let client = client_for(&node_kubeconfig()).await;
+    ONCE.get_or_init(|| async {
+        let root = repo_root();
+        kubectl(&[
+            "apply",
+            "--server-side",
+            "--field-manager=e2e-node",
+            "-k",
+            root.join("config/default").to_str().unwrap(),
+        ]);
+        kubectl(&[
+            "-n",
+            NS,
+            "rollout",
+            "status",
+            "deployment/ucm-controller-manager",
+            "--timeout=180s",
+        ]);
+    })
+    .await;
+    client
+}
+
+/// The manager's Pods that run and are not being deleted.
+async fn live_managers(pods: &Api<Pod>) -> Vec<Pod> {
+    pods.list(&ListParams::default().labels(MANAGER))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .collect()
+}
+
+fn is_leader(p: &Pod) -> bool {
+    p.labels().get("ucm.io/leader").map(String::as_str) == Some("true")
+}
+
+fn pod_ip(p: &Pod) -> String {
+    p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap()
+}
+
+/// The Pod IPs a Service's EndpointSlices list as ready.
+async fn ready_endpoints(client: &Client, ns: &str, service: &str) -> Vec<String> {
+    let mut ips: Vec<String> = Api::<EndpointSlice>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .flat_map(|s| s.endpoints.unwrap_or_default())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+        .flat_map(|e| e.addresses)
+        .collect();
+    ips.sort();
+    ips
+}
+
+async fn cluster_ip(client: &Client, ns: &str, service: &str) -> String {
+    Api::<Service>::namespaced(client.clone(), ns)
+        .get(service)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .unwrap()
+}
+
+/// `curl` from this host (the node routes Pod and Service IPs to it): status and body.
+fn curl(args: &[&str]) -> (bool, Vec<u8>) {
+    let out = Command::new("curl")
+        .args(["-sS", "--fail", "--max-time", "30"])
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("curl is missing (hack/test-deps.sh installs it)");
+    (out.status.success(), out.stdout)
+}
+
+fn md5(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut p = Command::new("md5sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    p.stdin.take().unwrap().write_all(data).unwrap();
+    let out = p.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+#[ignore]
+async fn two_manager_replicas_elect_one_leader_that_the_leader_services_reach_and_fail_over() {
+    let client = installed().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    // The documented HA setup (config/manager/manager.yaml): two replicas.
+    kubectl(&[
+        "-n",
+        NS,
+        "scale",
+        "deployment/ucm-controller-manager",
+        "--replicas=2",
+    ]);
+    kubectl(&[
+        "-n",
+        NS,
+        "rollout",
+        "status",
+        "deployment/ucm-controller-manager",
+        "--timeout=180s",
+    ]);
+
+    // One leader: its Pod alone carries the label (set through the downward API's POD_NAME),
+    // it holds the Lease, and the leader-only gRPC Service routes to it alone.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let leader = |ps: &[Pod]| {
+        ps.iter()
+            .filter(|p| is_leader(p))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    eventually(
+        Duration::from_secs(90),
+        "two running managers, one of them labelled leader, holding the Lease, the only gRPC endpoint",
+        || async {
+            let ps = live_managers(&pods).await;
+            let l = leader(&ps);
+            if ps.len() != 2 || l.len() != 1 {
+                return false;
+            }
+            let holder = leases
+                .get("ucm-controller-manager")
+                .await
+                .ok()
+                .and_then(|l| l.spec?.holder_identity)
+                .unwrap_or_default();
+            holder.starts_with(&l[0].name_any())
+                && ready_endpoints(&client, NS, "ucm-grpc").await == vec![pod_ip(&l[0])]
+        },
+    )
+    .await;
+    let first = leader(&live_managers(&pods).await).remove(0);
+
+    // Probes answer on every replica (the standby too: readiness never waits on leadership), and
+    // /metrics answers through its Service.
+    for p in live_managers(&pods).await {
+        let (ok, body) = curl(&[&format!("http://{}:8081/readyz", pod_ip(&p))]);
+        assert!(
+            ok,
+            "/readyz of {}: {}",
+            p.name_any(),
+            String::from_utf8_lossy(&body)
+        );
+    }
+    let ip = cluster_ip(&client, NS, "ucm-controller-manager-metrics").await;
+    let (ok, body) = curl(&[&format!("http://{ip}:8080/metrics")]);
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        ok && body.contains("\nucm_") && body.contains("leader_election_master_status"),
+        "/metrics through Service {ip}: {body}"
+    );
+
+    // Failover: the leader's Pod deleted, the standby takes over; the label, the Lease and the
+    // gRPC Service follow it.
+    let t0 = Instant::now();
+    pods.delete(&first.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(90),
+        "another manager labelled leader, holding the Lease, the only gRPC endpoint",
+        || async {
+            let ps = live_managers(&pods).await;
+            let l = leader(&ps);
+            if l.len() != 1 || l[0].name_any() == first.name_any() {
+                return false;
+            }
+            let holder = leases
+                .get("ucm-controller-manager")
+                .await
+                .ok()
+                .and_then(|l| l.spec?.holder_identity)
+                .unwrap_or_default();
+            holder.starts_with(&l[0].name_any())
+                && ready_endpoints(&client, NS, "ucm-grpc").await == vec![pod_ip(&l[0])]
+        },
+    )
+    .await;
+    eprintln!(
+        "node: leader Pod {} deleted, its standby leads and serves after {:.1}s",
+        first.name_any(),
+        t0.elapsed().as_secs_f64()
+    );
+
+    // The shipped RBAC is enough in-Pod: no replica was refused anything.
+    for p in live_managers(&pods).await {
+        let log = kubectl(&["-n", NS, "logs", &p.name_any()]);
+        assert!(
+            !log.to_lowercase().contains("forbidden"),
+            "{} logged 'forbidden':\n{log}",
+            p.name_any()
+        );
+    }
+    kubectl(&[
+        "-n",
+        NS,
+        "scale",
+        "deployment/ucm-controller-manager",
+        "--replicas=1",
+    ]);
+}
+
+#[tokio::test]
+#[ignore]
+async fn an_export_server_pod_serves_a_provisioned_disk_through_its_service() {
+    let client = installed().await;
+    let ns = create_namespace(&client, "node-vmexport").await;
+    let busybox = String::from_utf8(
+        Command::new(repo_root().join("hack/node.sh"))
+            .args(["image-ref", "busybox"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let busybox = busybox.trim();
+    // A disk on a PVC of the default StorageClass, written by a Pod; the export of that PVC waits
+    // until the writer is done (the claim is in use until then).
+    let objs = [
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+               "metadata": {"name": "disk", "annotations": {"cdi.kubevirt.io/storage.contentType": "kubevirt"}},
+               "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}}}),
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "writer"},
+               "spec": {"restartPolicy": "Never",
+                        "containers": [{"name": "write", "image": busybox, "imagePullPolicy": "Never",
+                                        "command": ["sh", "-c", "head -c 8388608 /dev/urandom >/disk/disk.img && sync && md5sum /disk/disk.img"],
+                                        "volumeMounts": [{"name": "disk", "mountPath": "/disk"}]}],
+                        "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": "disk"}}]}}),
+        json!({"apiVersion": "export.kubevirt.io/v1", "kind": "VirtualMachineExport",
+               "metadata": {"name": "disk"},
+               "spec": {"source": {"apiGroup": "", "kind": "PersistentVolumeClaim", "name": "disk"}}}),
+    ];
+    for o in objs {
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            &ns,
+            &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+                o["apiVersion"]
+                    .as_str()
+                    .unwrap()
+                    .rsplit_once('/')
+                    .map_or("", |(g, _)| g),
+                o["apiVersion"]
+                    .as_str()
+                    .unwrap()
+                    .rsplit('/')
+                    .next()
+                    .unwrap(),
+                o["kind"].as_str().unwrap(),
+            )),
+        );
+        api.create(&PostParams::default(), &serde_json::from_value(o).unwrap())
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    eventually(
+        Duration::from_secs(120),
+        "the writer Pod to succeed",
+        || async {
+            pods.get("writer")
+                .await
+                .ok()
+                .and_then(|p| p.status?.phase)
+                .as_deref()
+                == Some("Succeeded")
+        },
+    )
+    .await;
+    let log = kubectl(&["-n", &ns, "logs", "writer"]);
+    let want = log.split_whitespace().next().unwrap().to_string();
+
+    let exports: Api<VirtualMachineExport> = Api::namespaced(client.clone(), &ns);
+    eventually(
+        Duration::from_secs(120),
+        "the export to be Ready",
+        || async {
+            let e = exports.get("disk").await.unwrap();
+            e.status.and_then(|s| s.phase).as_deref() == Some("Ready")
+        },
+    )
+    .await;
+    let st = exports.get("disk").await.unwrap().status.unwrap();
+    // Its server is a real Pod on the node, from the shipped image.
+    let server = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|p| p.name_any() != "writer")
+        .expect("an export-server Pod");
+    assert_eq!(
+        server.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("ucm-node")
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.crt");
+    let links = st.links.unwrap().internal.unwrap();
+    std::fs::write(&ca, links.cert).unwrap();
+    let secret = Api::<Secret>::namespaced(client.clone(), &ns)
+        .get(st.token_secret_ref.as_deref().unwrap())
+        .await
+        .unwrap();
+    let token = String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap();
+    let volumes = links.volumes.unwrap_or_default();
+    let volume = &volumes[0];
+    let url = |format: &str| {
+        volume
+            .formats
+            .iter()
+            .flatten()
+            .find(|f| f.format == format)
+            .unwrap_or_else(|| panic!("no {format} link in {:?}", volume.formats))
+            .url
+            .clone()
+    };
+    // The Service's name, as the URL has it, resolved to its ClusterIP by hand: this host does not
+    // use the cluster's DNS.
+    let raw = url("raw");
+    let host = raw
+        .trim_start_matches("https://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let ip = cluster_ip(&client, &ns, host.split('.').next().unwrap()).await;
+    let get = |u: &str| {
+        let (ok, body) = curl(&[
+            "--cacert",
+            ca.to_str().unwrap(),
+            "--resolve",
+            &format!("{host}:443:{ip}"),
+            "-H",
+            &format!("x-kubevirt-export-token: {token}"),
+            u,
+        ]);
+        assert!(ok, "GET {u} through Service {ip}");
+        body
+    };
+    assert_eq!(md5(&get(&raw)), want, "the raw disk as the writer wrote it");
+    let gz = get(&url("gzip"));
+    let mut d = flate2::read::GzDecoder::new(&gz[..]);
+    let mut plain = Vec::new();
+    std::io::Read::read_to_end(&mut d, &mut plain).unwrap();
+    assert_eq!(md5(&plain), want, "the gzip disk, gunzipped");
+
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .unwrap();
+}
