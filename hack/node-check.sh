@@ -31,7 +31,7 @@ snapshot() { # DIR
   ls /proc | grep -E '^[0-9]+$' | sort >"$1/pids"
   # Where containerd, CNI and kubelet keep things by default (the node is configured not to).
   { find /run/containerd /run/netns /var/lib/cni /var/lib/kubelet /var/lib/containerd /etc/cni \
-    /run/lvm /var/lib/drbd /run/ucm-snapshot-agent /var/log/pods /var/log/containers /var/lib/ucm-node-volumes \
+    /run/lvm /var/lib/drbd /run/ucm-snapshot-agent /var/log/pods /var/log/containers /var/lib/ucm-node-volumes /var/lib/miroir \
     -maxdepth 3 2>/dev/null || true; } | sort >"$1/files"
 }
 

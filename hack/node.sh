@@ -38,7 +38,7 @@ volume_dir=/var/lib/ucm-node-volumes
 # rather than stopped through CRI; DirectoryOrCreate hostPath volumes of the shipped
 # DaemonSets; ip netns. Those absent at `up` are removed at `down`.
 created_paths=(/var/lib/kubelet /var/log/containers /run/containerd /var/lib/cni /run/netns /run/lvm
-  /run/lock /var/lib/drbd /run/ucm-snapshot-agent "$volume_dir")
+  /run/lock /var/lib/drbd /run/ucm-snapshot-agent /var/lib/miroir "$volume_dir")
 host_ip=10.213.0.1
 node_ip=10.213.0.2
 pod_cidr=10.244.0.0/24
@@ -186,6 +186,7 @@ clientConnection: {kubeconfig: $state/cluster/kubeconfig}
 hostnameOverride: $name
 mode: iptables
 clusterCIDR: $pod_cidr
+nodePortAddresses: [primary]
 iptables: {masqueradeAll: true}
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 oomScoreAdj: 0

@@ -432,3 +432,272 @@ async fn an_export_server_pod_serves_a_provisioned_disk_through_its_service() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+#[ignore]
+async fn the_helm_chart_installs_under_pod_security_restricted_and_serves_its_namespace() {
+    let client = installed().await;
+    // The chart's manager alone reconciles its namespace meanwhile: config/default's watches
+    // every namespace, and two managers with two signing keys would each replace the other's
+    // credentials.
+    kubectl(&[
+        "-n",
+        NS,
+        "scale",
+        "deployment/ucm-controller-manager",
+        "--replicas=0",
+    ]);
+    let ns = unique("ucm-helm");
+    kubectl(&["create", "namespace", &ns]);
+    kubectl(&[
+        "label",
+        "namespace",
+        &ns,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    ]);
+    // CRDs come from config/default; the snapshot feature (a privileged DaemonSet) stays off.
+    let out = Command::new(repo_root().join("e2e/bin/helm"))
+        .arg("--kubeconfig")
+        .arg(node_kubeconfig())
+        .args(["install", "ucm-helm"])
+        .arg(repo_root().join("deploy/chart/ucm"))
+        .args(["-n", &ns, "--wait", "--timeout", "180s"])
+        .args([
+            "--set",
+            "crds.install=false",
+            "--set",
+            "snapshot.enabled=false",
+        ])
+        .args(["--set", &format!("manager.watchNamespace={ns}")])
+        .output()
+        .expect("e2e/bin/helm is missing: run `make cluster`");
+    assert!(
+        out.status.success(),
+        "helm install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Its manager leads, serves a Client of its namespace, and counts it on /metrics, read
+    // through the chart's metrics Service.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    eventually(
+        Duration::from_secs(90),
+        "the chart's manager labelled leader",
+        || async { live_managers(&pods).await.iter().any(is_leader) },
+    )
+    .await;
+    let clients: Api<ucm::exporter::crd::Client> = Api::namespaced(client.clone(), &ns);
+    clients
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
+                                           "metadata": {"name": "dev"}, "spec": {}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    eventually(
+        Duration::from_secs(60),
+        "the Client's credential",
+        || async {
+            let Some(name) = clients
+                .get("dev")
+                .await
+                .ok()
+                .and_then(|c| c.status?.credential)
+                .map(|r| r.name)
+            else {
+                return false;
+            };
+            secrets.get_opt(&name).await.ok().flatten().is_some()
+        },
+    )
+    .await;
+    let ip = cluster_ip(&client, &ns, "ucm-helm-controller-manager-metrics").await;
+    let (ok, body) = curl(&[&format!("http://{ip}:8080/metrics")]);
+    let body = String::from_utf8_lossy(&body);
+    let reconciled: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("controller_runtime_reconcile_total{controller=\"client\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        ok && reconciled >= 1.0,
+        "the chart's manager counts no Client reconcile on /metrics through {ip}:\n{body}"
+    );
+    for p in live_managers(&pods).await {
+        let log = kubectl(&["-n", &ns, "logs", &p.name_any()]);
+        assert!(
+            !log.to_lowercase().contains("forbidden"),
+            "{} logged 'forbidden':\n{log}",
+            p.name_any()
+        );
+    }
+
+    let out = Command::new(repo_root().join("e2e/bin/helm"))
+        .arg("--kubeconfig")
+        .arg(node_kubeconfig())
+        .args(["uninstall", "ucm-helm", "-n", &ns, "--wait"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm uninstall: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    kubectl(&["delete", "namespace", &ns, "--wait=false"]);
+    kubectl(&[
+        "-n",
+        NS,
+        "scale",
+        "deployment/ucm-controller-manager",
+        "--replicas=1",
+    ]);
+    kubectl(&[
+        "-n",
+        NS,
+        "rollout",
+        "status",
+        "deployment/ucm-controller-manager",
+        "--timeout=180s",
+    ]);
+}
+
+/// Points the shipped snapshot-agent DaemonSet at one loopfile pool (hack/node-snapshot-pools.*),
+/// as a user configures it, once, and waits for its rollout.
+fn loopfile_pool() {
+    let root = repo_root();
+    kubectl(&[
+        "apply",
+        "--server-side",
+        "--field-manager=e2e-node",
+        "-f",
+        root.join("hack/node-snapshot-pools.yaml").to_str().unwrap(),
+    ]);
+    let args = kubectl(&[
+        "-n",
+        NS,
+        "get",
+        "daemonset/ucm-snapshot-agent",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].args}",
+    ]);
+    if !args.contains("--pools=") {
+        kubectl(&[
+            "-n",
+            NS,
+            "patch",
+            "daemonset/ucm-snapshot-agent",
+            "--type=json",
+            "--patch-file",
+            root.join("hack/node-snapshot-pools.json").to_str().unwrap(),
+        ]);
+    }
+    kubectl(&[
+        "-n",
+        NS,
+        "rollout",
+        "status",
+        "daemonset/ucm-snapshot-agent",
+        "--timeout=120s",
+    ]);
+}
+
+#[tokio::test]
+#[ignore]
+async fn the_snapshot_agent_daemonset_cuts_a_loopfile_snapshot_and_deletes_it() {
+    use ucm::snapshot::types::{MiroirSnapshot, MiroirVolume};
+    let client = installed().await;
+    loopfile_pool();
+    // The volume's data: a file in the pool, on the node's (the host's) file system.
+    let vol = unique("node-vol");
+    let snap = unique("node-snap");
+    let base = PathBuf::from("/var/lib/miroir/loop");
+    std::fs::create_dir_all(base.join("volumes")).unwrap();
+    let data: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    let vol_file = base.join("volumes").join(format!("{vol}.img"));
+    std::fs::write(&vol_file, &data).unwrap();
+
+    // One diskful leg on the node, no DRBD peer: the agent cuts without a barrier. The status is
+    // what Miroir's volume controller would write.
+    let ar = kube::api::ApiResource::erase::<MiroirVolume>(&());
+    let raw: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
+    raw.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirVolume",
+            "metadata": {"name": vol},
+            "spec": {"sizeBytes": data.len(), "replicas": [{"node": "ucm-node", "backend": "loopfile"}]},
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let volumes: Api<MiroirVolume> = Api::all(client.clone());
+    volumes
+        .patch_status(
+            &vol,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"formatted": true, "perNode": {"ucm-node":
+                {"deviceCreated": true, "diskState": "UpToDate", "splitBrain": false}}}})),
+        )
+        .await
+        .unwrap();
+    let snapshots: Api<MiroirSnapshot> = Api::all(client.clone());
+    snapshots
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirSnapshot",
+                "metadata": {"name": snap}, "spec": {"volumeName": vol},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(120),
+        "the snapshot readyToUse",
+        || async {
+            snapshots
+                .get(&snap)
+                .await
+                .ok()
+                .and_then(|s| s.status?.ready_to_use)
+                == Some(true)
+        },
+    )
+    .await;
+    let snap_file = base.join("snapshots").join(format!("{snap}.img"));
+    let cut = std::fs::read(&snap_file)
+        .unwrap_or_else(|e| panic!("the agent's cut {}: {e}", snap_file.display()));
+    assert!(
+        cut == data,
+        "the cut {} differs from the volume",
+        snap_file.display()
+    );
+
+    // Deleting the snapshot deletes its cut (the agent's finalizer).
+    snapshots
+        .delete(&snap, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(60),
+        "the snapshot and its cut gone",
+        || async { !snap_file.exists() && snapshots.get_opt(&snap).await.unwrap().is_none() },
+    )
+    .await;
+    volumes
+        .delete(&vol, &DeleteParams::default())
+        .await
+        .unwrap();
+    std::fs::remove_file(&vol_file).unwrap();
+}
