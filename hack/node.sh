@@ -256,6 +256,10 @@ up() {
   ip -n "$name" addr add "$node_ip/30" dev eth0
   ip -n "$name" link set eth0 up
   ip -n "$name" link set lo up
+  # The node has no default route (nothing leaves it), so its own processes (kubelet's probes, a
+  # peer run in the namespace) get one for the Service CIDR: kube-proxy's OUTPUT rules then
+  # rewrite the Service IP to an endpoint.
+  ip -n "$name" route add "$service_cidr" dev eth0
 
   # Control plane on the host's loopback, as `make run` and the e2e suite have it.
   start apiserver "$bin/kharness" serve --dir "$state/cluster" --with-kcm \

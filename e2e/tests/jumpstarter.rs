@@ -49,10 +49,10 @@ impl Drop for Router {
 }
 
 /// `jmp run`: a parent process that forks the serving child into its own session (setsid) and
-/// forwards signals to it. Dropping it SIGKILLs both.
-struct ExporterProc {
-    child: Option<Child>,
-    log: PathBuf,
+/// forwards signals to it. Dropping it SIGKILLs both. (Also the node area's exporter.)
+pub(crate) struct ExporterProc {
+    pub(crate) child: Option<Child>,
+    pub(crate) log: PathBuf,
 }
 
 impl ExporterProc {
@@ -68,7 +68,7 @@ impl ExporterProc {
     }
 
     /// SIGTERM to the parent, which forwards it; waits for the parent to exit.
-    fn terminate(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn terminate(&mut self) -> Option<ExitStatus> {
         let mut c = self.child.take()?;
         signal(c.id(), "TERM");
         let status = wait_child(&mut c, Duration::from_secs(30));

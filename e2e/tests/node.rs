@@ -701,3 +701,203 @@ async fn the_snapshot_agent_daemonset_cuts_a_loopfile_snapshot_and_deletes_it() 
         .unwrap();
     std::fs::remove_file(&vol_file).unwrap();
 }
+
+/// A `jumpstarter` 0.9.0 command run in the node's network namespace, with a resolv.conf of the
+/// cluster's DNS bind-mounted in a mount namespace of its own: the peer dials the in-cluster
+/// endpoints by their Service names, as it would from a Pod.
+fn in_node_netns(venv: &std::path::Path, dir: &std::path::Path, bin: &str) -> Command {
+    let resolv = dir.join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        "nameserver 10.0.0.10\nsearch cluster.local\noptions ndots:5\n",
+    )
+    .unwrap();
+    let home = dir.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let mut cmd = Command::new("nsenter");
+    cmd.args([
+        "--net=/run/netns/ucm-node",
+        "--",
+        "unshare",
+        "--mount",
+        "--",
+    ])
+    .args([
+        "sh",
+        "-c",
+        r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#,
+    ])
+    .arg(&resolv)
+    .arg(venv.join("bin").join(bin));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("JMP_") || k.starts_with("JUMPSTARTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("HOME", &home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("NONINTERACTIVE", "true")
+        .env(
+            "PATH",
+            format!("{}:/usr/bin:/bin", venv.join("bin").display()),
+        );
+    cmd
+}
+
+#[tokio::test]
+#[ignore]
+async fn a_real_jmp_exporter_and_client_meet_through_the_in_cluster_controller_and_router() {
+    use ucm::exporter::crd::Exporter;
+    let client = installed().await;
+    let venv = tokio::task::spawn_blocking(jumpstarter_venv).await.unwrap();
+    let ns = create_namespace(&client, "node-jmp").await;
+    let exporters: Api<Exporter> = Api::namespaced(client.clone(), &ns);
+    let clients: Api<ucm::exporter::crd::Client> = Api::namespaced(client.clone(), &ns);
+    exporters
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
+                "metadata": {"name": "board", "labels": {"board": "node"}}, "spec": {}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    clients
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
+                "metadata": {"name": "dev"}, "spec": {}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    // The credentials the in-cluster manager minted.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let mut tokens = Vec::new();
+    for (what, name) in [("exporter", "board-exporter"), ("client", "dev-client")] {
+        eventually(
+            Duration::from_secs(60),
+            &format!("the {what}'s credential"),
+            || async { secrets.get_opt(name).await.ok().flatten().is_some() },
+        )
+        .await;
+        tokens.push(String::from_utf8(secret_data(&secrets, name, "token").await).unwrap());
+    }
+    // Both peers dial the controller by its in-cluster name (the Service reaching the leader);
+    // the client is sent on to the router's Service. Each pins what the server presents.
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = "ucm-grpc.ucm-system.svc:8082";
+    let exporter_cfg = dir.path().join("exporter.yaml");
+    std::fs::write(
+        &exporter_cfg,
+        format!(
+            "apiVersion: jumpstarter.dev/v1alpha1\nkind: ExporterConfig\n\
+             metadata: {{namespace: {ns}, name: board}}\nendpoint: {endpoint}\ntoken: {}\n\
+             tls: {{insecure: true}}\nexport:\n  power: {{type: jumpstarter_driver_power.driver.MockPower}}\n",
+            tokens[0]
+        ),
+    )
+    .unwrap();
+    let client_cfg = dir.path().join("client.yaml");
+    std::fs::write(
+        &client_cfg,
+        format!(
+            "apiVersion: jumpstarter.dev/v1alpha1\nkind: ClientConfig\n\
+             metadata: {{namespace: {ns}, name: dev}}\nendpoint: {endpoint}\ntoken: {}\n\
+             tls: {{insecure: true}}\ndrivers: {{allow: [], unsafe: true}}\n",
+            tokens[1]
+        ),
+    )
+    .unwrap();
+
+    let log = dir.path().join("exporter.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let mut exporter = crate::jumpstarter::ExporterProc {
+        child: Some(
+            in_node_netns(&venv, dir.path(), "jmp")
+                .args(["run", "--exporter-config"])
+                .arg(&exporter_cfg)
+                .stdin(Stdio::null())
+                .stdout(out.try_clone().unwrap())
+                .stderr(out)
+                .spawn()
+                .unwrap(),
+        ),
+        log,
+    };
+    eventually(
+        Duration::from_secs(90),
+        "the exporter registered, online and available",
+        || async {
+            exporters
+                .get("board")
+                .await
+                .is_ok_and(|e| exporter_available(&e))
+        },
+    )
+    .await;
+
+    let jmp = |args: Vec<String>| {
+        let mut cmd = in_node_netns(&venv, dir.path(), "jmp");
+        cmd.args(&args).stdin(Stdio::null());
+        async move {
+            let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+                .await
+                .unwrap();
+            let (o, e) = (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            );
+            assert!(out.status.success(), "jmp {args:?}:\n{o}\n{e}");
+            o
+        }
+    };
+    let cfg = client_cfg.display().to_string();
+    let lease = jmp([
+        "create",
+        "lease",
+        "-l",
+        "board=node",
+        "--duration",
+        "10m",
+        "-o",
+        "name",
+        "--client-config",
+        &cfg,
+    ]
+    .map(String::from)
+    .to_vec())
+    .await;
+    let lease = lease.trim().to_string();
+    assert!(!lease.is_empty(), "jmp create lease printed no name");
+    // A driver call: client → in-cluster router ← exporter.
+    let out = jmp([
+        "shell",
+        "--lease",
+        &lease,
+        "--client-config",
+        &cfg,
+        "--",
+        "j",
+        "power",
+        "read",
+        "-n",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec())
+    .await;
+    assert!(
+        out.contains("voltage=5.0 V  current=2.0 A"),
+        "the MockPower reading did not come back through the router:\n{out}"
+    );
+    exporter.terminate();
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .unwrap();
+}
