@@ -45,7 +45,7 @@ pod_cidr=10.244.0.0/24
 service_cidr=10.0.0.0/24 # kharness's --service-cluster-ip-range
 service_ip=10.0.0.1       # its first address: the `kubernetes` Service
 dns_ip=10.0.0.10          # the kube-dns Service (CoreDNS), kubelet's clusterDNS
-pause_ref=localhost/ucm-pause:1 # as hack/image.sh pause names it
+pause_ref=localhost/ucm-pause:1 # as hack/image.sh node names it
 # What kubelet's setupKernelTunables changes on the host (pkg/kubelet/cm/container_manager_linux.go).
 sysctls=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
   kernel.keys.root_maxkeys kernel.keys.root_maxbytes)

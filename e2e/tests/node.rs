@@ -2,11 +2,11 @@
 //! kubelet and containerd, config/default applied with kubectl exactly as shipped, Services
 //! through kube-proxy, names through CoreDNS, PVCs through the local-path provisioner.
 //!
-//! These tests need the node: `hack/node-check.sh` (`make node-check`, part of `make test`)
-//! brings it up, names its kubeconfig in `UCM_NODE_KUBECONFIG`, runs this area, and then proves
+//! These tests need the node: `hack/node-check.sh` (`make node-check`; in `make test` as
+//! `make node-e2e`, with the image from a debug build) brings it up, names its kubeconfig in `UCM_NODE_KUBECONFIG`, runs this area, and then proves
 //! that bringing the node down leaves nothing behind. `hack/e2e.sh` skips the area (its control
 //! plane has no node). The tests share one install and run one at a time (`--test-threads=1`):
-//! the failover test deletes the leader's Pod.
+//! the failover test deletes the leader's Pod, the Helm test scales config/default's manager to 0.
 
 use std::{
     path::PathBuf,
