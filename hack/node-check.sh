@@ -2,9 +2,9 @@
 # `make node-check`: brings the local node up, runs real Pods from the ucm image (a Pod running
 # `ucm --version` to completion, and config/default's manager Deployment until it is Available),
 # checks the add-ons as a Pod and the host use them (a Service name resolves and routes, a PVC
-# binds and is cleaned up), runs the e2e suite's node area (e2e/tests/node.rs), brings it down, and fails unless the host is as before: no process,
-# mount, network namespace, link, cgroup or sysctl of the node left behind. Needs root, like
-# hack/node.sh.
+# binds and is cleaned up), runs the e2e suite's node area (e2e/tests/node.rs), brings it down,
+# and fails unless the host is as before: no process, mount, network namespace, link, cgroup or
+# sysctl of the node left behind. Needs root, like hack/node.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
