@@ -112,9 +112,16 @@ impl Drop for ExporterProc {
 
 /// A jumpstarter command with a private HOME (no user config leaks in) and no JMP_* variables.
 fn py_cmd(venv: &Path, dir: &Path, bin: &str) -> Command {
+    let mut cmd = Command::new(venv.join("bin").join(bin));
+    py_env(&mut cmd, venv, dir);
+    cmd
+}
+
+/// [`py_cmd`]'s environment, for a command that starts the jumpstarter program itself (the node
+/// area wraps it to run in the node's network namespace).
+pub(crate) fn py_env(cmd: &mut Command, venv: &Path, dir: &Path) {
     let home = dir.join("home");
     std::fs::create_dir_all(&home).unwrap();
-    let mut cmd = Command::new(venv.join("bin").join(bin));
     for (k, _) in std::env::vars() {
         if k.starts_with("JMP_") || k.starts_with("JUMPSTARTER_") {
             cmd.env_remove(k);
@@ -127,7 +134,6 @@ fn py_cmd(venv: &Path, dir: &Path, bin: &str) -> Command {
             "PATH",
             format!("{}:/usr/bin:/bin", venv.join("bin").display()),
         );
-    cmd
 }
 
 /// Runs a command to completion off the async runtime; panics with its output on failure.

@@ -42,15 +42,25 @@ fn node_kubeconfig() -> PathBuf {
 
 /// `kubectl` against the node's cluster; panics with its output when it fails.
 fn kubectl(args: &[&str]) -> String {
-    let out = Command::new(kubectl_bin())
+    run(kubectl_bin(), args)
+}
+
+/// `helm` against the node's cluster, like [`kubectl`].
+fn helm(args: &[&str]) -> String {
+    run(repo_root().join("e2e/bin/helm"), args)
+}
+
+fn run(bin: PathBuf, args: &[&str]) -> String {
+    let out = Command::new(&bin)
         .arg("--kubeconfig")
         .arg(node_kubeconfig())
         .args(args)
         .output()
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{}: {e} (`make cluster` builds it)", bin.display()));
     assert!(
         out.status.success(),
-        "kubectl {}: {}{}",
+        "{} {}: {}{}",
+        bin.display(),
         args.join(" "),
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
@@ -104,6 +114,38 @@ fn is_leader(p: &Pod) -> bool {
 
 fn pod_ip(p: &Pod) -> String {
     p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap()
+}
+
+/// config/default's leader, when exactly one running manager carries the leader label, holds the
+/// Lease and is the gRPC Service's only endpoint; with the number of running managers.
+async fn serving_leader(client: &Client) -> Option<(usize, Pod)> {
+    let ps = live_managers(&Api::namespaced(client.clone(), NS)).await;
+    let mut leaders = ps.iter().filter(|p| is_leader(p));
+    let (Some(l), None) = (leaders.next(), leaders.next()) else {
+        return None;
+    };
+    let holder = Api::<Lease>::namespaced(client.clone(), NS)
+        .get("ucm-controller-manager")
+        .await
+        .ok()?
+        .spec?
+        .holder_identity?;
+    (holder.starts_with(&l.name_any())
+        && ready_endpoints(client, NS, "ucm-grpc").await == vec![pod_ip(l)])
+    .then(|| (ps.len(), l.clone()))
+}
+
+/// The shipped RBAC is enough in-Pod: no running manager of `pods`' namespace logged a refusal.
+async fn assert_nothing_forbidden(pods: &Api<Pod>) {
+    let ns = pods.namespace().unwrap();
+    for p in live_managers(pods).await {
+        let log = kubectl(&["-n", ns, "logs", &p.name_any()]);
+        assert!(
+            !log.to_lowercase().contains("forbidden"),
+            "{} logged 'forbidden':\n{log}",
+            p.name_any()
+        );
+    }
 }
 
 /// The Pod IPs a Service's EndpointSlices list as ready.
@@ -183,34 +225,13 @@ async fn two_manager_replicas_elect_one_leader_that_the_leader_services_reach_an
 
     // One leader: its Pod alone carries the label (set through the downward API's POD_NAME),
     // it holds the Lease, and the leader-only gRPC Service routes to it alone.
-    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
-    let leader = |ps: &[Pod]| {
-        ps.iter()
-            .filter(|p| is_leader(p))
-            .cloned()
-            .collect::<Vec<_>>()
-    };
     eventually(
         Duration::from_secs(90),
         "two running managers, one of them labelled leader, holding the Lease, the only gRPC endpoint",
-        || async {
-            let ps = live_managers(&pods).await;
-            let l = leader(&ps);
-            if ps.len() != 2 || l.len() != 1 {
-                return false;
-            }
-            let holder = leases
-                .get("ucm-controller-manager")
-                .await
-                .ok()
-                .and_then(|l| l.spec?.holder_identity)
-                .unwrap_or_default();
-            holder.starts_with(&l[0].name_any())
-                && ready_endpoints(&client, NS, "ucm-grpc").await == vec![pod_ip(&l[0])]
-        },
+        || async { matches!(serving_leader(&client).await, Some((2, _))) },
     )
     .await;
-    let first = leader(&live_managers(&pods).await).remove(0);
+    let (_, first) = serving_leader(&client).await.unwrap();
 
     // Probes answer on every replica (the standby too: readiness never waits on leadership), and
     // /metrics answers through its Service.
@@ -241,19 +262,9 @@ async fn two_manager_replicas_elect_one_leader_that_the_leader_services_reach_an
         Duration::from_secs(90),
         "another manager labelled leader, holding the Lease, the only gRPC endpoint",
         || async {
-            let ps = live_managers(&pods).await;
-            let l = leader(&ps);
-            if l.len() != 1 || l[0].name_any() == first.name_any() {
-                return false;
-            }
-            let holder = leases
-                .get("ucm-controller-manager")
+            serving_leader(&client)
                 .await
-                .ok()
-                .and_then(|l| l.spec?.holder_identity)
-                .unwrap_or_default();
-            holder.starts_with(&l[0].name_any())
-                && ready_endpoints(&client, NS, "ucm-grpc").await == vec![pod_ip(&l[0])]
+                .is_some_and(|(_, l)| l.name_any() != first.name_any())
         },
     )
     .await;
@@ -263,15 +274,7 @@ async fn two_manager_replicas_elect_one_leader_that_the_leader_services_reach_an
         t0.elapsed().as_secs_f64()
     );
 
-    // The shipped RBAC is enough in-Pod: no replica was refused anything.
-    for p in live_managers(&pods).await {
-        let log = kubectl(&["-n", NS, "logs", &p.name_any()]);
-        assert!(
-            !log.to_lowercase().contains("forbidden"),
-            "{} logged 'forbidden':\n{log}",
-            p.name_any()
-        );
-    }
+    assert_nothing_forbidden(&pods).await;
     kubectl(&[
         "-n",
         NS,
@@ -457,27 +460,24 @@ async fn the_helm_chart_installs_under_pod_security_restricted_and_serves_its_na
         "pod-security.kubernetes.io/enforce-version=latest",
     ]);
     // CRDs come from config/default; the snapshot feature (a privileged DaemonSet) stays off.
-    let out = Command::new(repo_root().join("e2e/bin/helm"))
-        .arg("--kubeconfig")
-        .arg(node_kubeconfig())
-        .args(["install", "ucm-helm"])
-        .arg(repo_root().join("deploy/chart/ucm"))
-        .args(["-n", &ns, "--wait", "--timeout", "180s"])
-        .args([
-            "--set",
-            "crds.install=false",
-            "--set",
-            "snapshot.enabled=false",
-        ])
-        .args(["--set", &format!("manager.watchNamespace={ns}")])
-        .output()
-        .expect("e2e/bin/helm is missing: run `make cluster`");
-    assert!(
-        out.status.success(),
-        "helm install: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let chart = repo_root().join("deploy/chart/ucm");
+    let watch = format!("manager.watchNamespace={ns}");
+    helm(&[
+        "install",
+        "ucm-helm",
+        chart.to_str().unwrap(),
+        "-n",
+        &ns,
+        "--wait",
+        "--timeout",
+        "180s",
+        "--set",
+        "crds.install=false",
+        "--set",
+        "snapshot.enabled=false",
+        "--set",
+        &watch,
+    ]);
 
     // Its manager leads, serves a Client of its namespace, and counts it on /metrics, read
     // through the chart's metrics Service.
@@ -530,26 +530,9 @@ async fn the_helm_chart_installs_under_pod_security_restricted_and_serves_its_na
         ok && reconciled >= 1.0,
         "the chart's manager counts no Client reconcile on /metrics through {ip}:\n{body}"
     );
-    for p in live_managers(&pods).await {
-        let log = kubectl(&["-n", &ns, "logs", &p.name_any()]);
-        assert!(
-            !log.to_lowercase().contains("forbidden"),
-            "{} logged 'forbidden':\n{log}",
-            p.name_any()
-        );
-    }
+    assert_nothing_forbidden(&pods).await;
 
-    let out = Command::new(repo_root().join("e2e/bin/helm"))
-        .arg("--kubeconfig")
-        .arg(node_kubeconfig())
-        .args(["uninstall", "ucm-helm", "-n", &ns, "--wait"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "helm uninstall: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    helm(&["uninstall", "ucm-helm", "-n", &ns, "--wait"]);
     kubectl(&["delete", "namespace", &ns, "--wait=false"]);
     kubectl(&[
         "-n",
@@ -712,8 +695,6 @@ fn in_node_netns(venv: &std::path::Path, dir: &std::path::Path, bin: &str) -> Co
         "nameserver 10.0.0.10\nsearch cluster.local\noptions ndots:5\n",
     )
     .unwrap();
-    let home = dir.join("home");
-    std::fs::create_dir_all(&home).unwrap();
     let mut cmd = Command::new("nsenter");
     cmd.args([
         "--net=/run/netns/ucm-node",
@@ -729,18 +710,7 @@ fn in_node_netns(venv: &std::path::Path, dir: &std::path::Path, bin: &str) -> Co
     ])
     .arg(&resolv)
     .arg(venv.join("bin").join(bin));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("JMP_") || k.starts_with("JUMPSTARTER_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("HOME", &home)
-        .env("XDG_CONFIG_HOME", home.join(".config"))
-        .env("NONINTERACTIVE", "true")
-        .env(
-            "PATH",
-            format!("{}:/usr/bin:/bin", venv.join("bin").display()),
-        );
+    crate::jumpstarter::py_env(&mut cmd, venv, dir);
     cmd
 }
 
