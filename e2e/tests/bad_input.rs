@@ -199,7 +199,27 @@ async fn post(
     ns: Option<&str>,
     body: Value,
 ) -> Result<Value, String> {
-    let url = format!("{}?fieldValidation=Strict", DynamicObject::url_path(ar, ns));
+    post_query(client, ar, ns, body, "fieldValidation=Strict").await
+}
+
+/// [`post`] as a server-side dry run: validated and admitted, never stored.
+async fn post_dry_run(
+    client: &Client,
+    ar: &ApiResource,
+    ns: Option<&str>,
+    body: Value,
+) -> Result<Value, String> {
+    post_query(client, ar, ns, body, "fieldValidation=Strict&dryRun=All").await
+}
+
+async fn post_query(
+    client: &Client,
+    ar: &ApiResource,
+    ns: Option<&str>,
+    body: Value,
+    query: &str,
+) -> Result<Value, String> {
+    let url = format!("{}?{query}", DynamicObject::url_path(ar, ns));
     let req = http::Request::post(url)
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(serde_json::to_vec(&body).unwrap())

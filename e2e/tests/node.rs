@@ -253,7 +253,12 @@ async fn two_manager_replicas_elect_one_leader_that_the_leader_services_reach_an
     );
 
     // Failover: the leader's Pod deleted, the standby takes over; the label, the Lease and the
-    // gRPC Service follow it.
+    // gRPC Service follow it. The kubelet's SIGTERM makes the leader release the Lease, so the
+    // standby leads well before the 15 s lease duration that a leader which never released
+    // would cost.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let transitions = |l: Lease| l.spec.and_then(|s| s.lease_transitions).unwrap_or(0);
+    let before = transitions(leases.get("ucm-controller-manager").await.unwrap());
     let t0 = Instant::now();
     pods.delete(&first.name_any(), &DeleteParams::default())
         .await
@@ -268,10 +273,21 @@ async fn two_manager_replicas_elect_one_leader_that_the_leader_services_reach_an
         },
     )
     .await;
+    let took = t0.elapsed();
     eprintln!(
         "node: leader Pod {} deleted, its standby leads and serves after {:.1}s",
         first.name_any(),
-        t0.elapsed().as_secs_f64()
+        took.as_secs_f64()
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "the standby took over {took:?} after the leader's Pod was deleted: did the leader release the Lease on SIGTERM?"
+    );
+    let after = transitions(leases.get("ucm-controller-manager").await.unwrap());
+    assert_eq!(
+        after,
+        before + 1,
+        "leaseTransitions counts the one hand-over"
     );
 
     assert_nothing_forbidden(&pods).await;
@@ -410,20 +426,50 @@ async fn an_export_server_pod_serves_a_provisioned_disk_through_its_service() {
         .unwrap()
         .to_string();
     let ip = cluster_ip(&client, &ns, host.split('.').next().unwrap()).await;
-    let get = |u: &str| {
-        let (ok, body) = curl(&[
-            "--cacert",
-            ca.to_str().unwrap(),
-            "--resolve",
-            &format!("{host}:443:{ip}"),
-            "-H",
-            &format!("x-kubevirt-export-token: {token}"),
-            u,
-        ]);
-        assert!(ok, "GET {u} through Service {ip}");
+    let tls = [
+        "--cacert".to_string(),
+        ca.to_str().unwrap().to_string(),
+        "--resolve".to_string(),
+        format!("{host}:443:{ip}"),
+    ];
+    let header = format!("x-kubevirt-export-token: {token}");
+    let get_with = |extra: &[&str], u: &str| {
+        let mut args: Vec<&str> = tls.iter().map(String::as_str).collect();
+        args.extend(["-H", &header]);
+        args.extend(extra);
+        args.push(u);
+        let (ok, body) = curl(&args);
+        assert!(ok, "GET {u} {extra:?} through Service {ip}");
         body
     };
-    assert_eq!(md5(&get(&raw)), want, "the raw disk as the writer wrote it");
+    let get = |u: &str| get_with(&[], u);
+    let disk = get(&raw);
+    assert_eq!(md5(&disk), want, "the raw disk as the writer wrote it");
+    // A byte range, as `curl -C -` resumes a download with.
+    assert!(
+        get_with(&["-r", "1000-1999"], &raw) == disk[1000..2000],
+        "bytes 1000-1999 of the raw disk"
+    );
+    // Without the token: refused, nothing served.
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "30",
+        ])
+        .args(&tls)
+        .arg(&raw)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "401",
+        "GET {raw} without the token"
+    );
     let gz = get(&url("gzip"));
     let mut d = flate2::read::GzDecoder::new(&gz[..]);
     let mut plain = Vec::new();

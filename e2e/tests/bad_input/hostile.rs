@@ -12,7 +12,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::{Crd, api, condition_of, create, manifest, post};
+use super::{Crd, api, condition_of, create, manifest, post_dry_run};
 use crate::common::*;
 
 const BAD_TIME: &str = "9999-12-31T23:59:59Z";
@@ -191,7 +191,16 @@ async fn unreadable_lease_does_not_block_its_namespace() {
     let mut body = manifest(&ar, Some("bad-2"), Value::Null);
     body["spec"] = json!({"clientRef": {"name": "c"}, "beginTime": BAD_TIME, "duration": "1h",
         "selector": {"matchLabels": {"board": "x"}}});
-    let refused = post(&client, &ar, Some(&ns), body).await;
+    // The CRD was Established before the update, and the API server swaps in the new schema a
+    // moment after it (asynchronously): ask, as a dry run, until it answers with the new one.
+    let t0 = std::time::Instant::now();
+    let refused = loop {
+        let r = post_dry_run(&client, &ar, Some(&ns), body.clone()).await;
+        if r.is_err() || t0.elapsed() > Duration::from_secs(30) {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(
         matches!(&refused, Err(e) if e.contains("spec.beginTime") && e.contains("must be at most 9999-12-30T00:00:00Z")),
         "{refused:?}"
