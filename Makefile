@@ -109,7 +109,7 @@ node-check: image $(NODE_BINS)
 	hack/node-check.sh
 
 # `make test`'s node step: node-check with the image built from a debug build of the same source
-# (hack/image.sh: a changed source rebuilds in about a minute; the release one takes ~19 min).
+# (hack/image.sh: a changed source rebuilds in about a minute; the release one takes 7–19 min).
 TEST_IMAGE := $(TARGET_DIR)/ucm-image-dev.oci.tar
 node-e2e: $(NODE_BINS)
 	UCM_IMAGE_PROFILE=dev UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/image.sh
@@ -125,9 +125,13 @@ test-deps:
 
 test: test-deps lint crds-check unit e2e node-e2e
 
-# `make run NODE=1`: config/default on a real local node instead (hack/run-node.sh; root).
-run: build cluster $(if $(NODE),image $(NODE_BINS))
-	$(if $(NODE),hack/image.sh node && hack/run-node.sh,hack/run.sh)
+# `make run`: config/default as shipped on a real local node, with a demo for every feature
+# (hack/run-node.sh; root). `make run LOCAL=1`, and any run without root: the manager as a local
+# process on the node-less control plane (hack/run.sh), for fast iteration.
+RUN_NODE := $(if $(LOCAL),,$(shell [ "$$(id -u)" -eq 0 ] && echo 1))
+run: cluster $(if $(RUN_NODE),image $(NODE_BINS),build)
+	$(if $(LOCAL)$(RUN_NODE),,@echo "make run: not root, so no local node (it needs network namespaces, mounts and cgroups); running the manager as a local process, as make run LOCAL=1 does")
+	$(if $(RUN_NODE),hack/image.sh node && hack/run-node.sh,hack/run.sh)
 
 # The benchmark suite (issue 9): writes bench/results.md and bench/results.json. Not part of `test`.
 # `UCM_BENCH_ONLY=<phase>[,<phase>] make bench` reruns some phases (see bench/results.md).

@@ -60,7 +60,7 @@ fi
 # crt-static off build scripts and proc macros, which cannot be static.
 # UCM_IMAGE_PROFILE=dev (make test's node area) builds the binary with the dev profile instead:
 # the same source and image, but a changed source rebuilds in about a minute, where the release
-# settings (thin LTO, one codegen unit) take about 19 min on 2 cores.
+# settings (thin LTO, one codegen unit) take 7–19 min on 2 cores.
 triple=$(rustc -vV | awk '$1=="host:"{print $2}')
 case ${UCM_IMAGE_PROFILE:-release} in
 release)

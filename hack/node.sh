@@ -205,7 +205,7 @@ addons() {
 image_ref() { tar -xOf "$images/$1.oci.tar" index.json | jq -r '.manifests[0].annotations["org.opencontainers.image.ref.name"]'; }
 
 up() {
-  [ "$(id -u)" -eq 0 ] || die "needs root (network namespace, cgroups, mounts); use the node-less 'make run'"
+  [ "$(id -u)" -eq 0 ] || die "needs root (network namespace, cgroups, mounts); use 'make run LOCAL=1' (no node)"
   hack/host-deps.sh node
   for b in kharness kubectl kubelet kube-scheduler kube-proxy pause coredns local-path-provisioner; do
     [ -x "$bin/$b" ] || die "missing $bin/$b: run 'make node' (it builds them)"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# `make run NODE=1`: ucm as a user deploys it. The local node (hack/node.sh, root: kube-proxy,
+# `make run`: ucm as a user deploys it. The local node (hack/node.sh, root: kube-proxy,
 # CoreDNS, the local-path provisioner), the image from `make image`, and config/default applied
 # exactly as shipped; then demo objects the in-cluster manager reconciles: the Jumpstarter demo,
 # a VirtualMachineExport of a provisioned PVC whose disk is downloaded through the export
 # Service and checked, and a MiroirSnapshot of a loopfile volume, cut by the snapshot agent
 # DaemonSet once it is pointed at a loopfile pool. Follows the manager's log; Ctrl-C brings the
-# node down. The default `make run` (a local manager process) has the Jumpstarter demo.
+# node down. `make run LOCAL=1` (a local manager process) has the Jumpstarter demo.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

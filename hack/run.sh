@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make run`: a local control plane, ucm's CRDs and the manager with every feature on, plus a
-# `ucm router` and ready-made `jmp` configs (.run/jumpstarter/) for a demo Client and Exporter.
+# `make run LOCAL=1` (and `make run` without root): a local control plane, ucm's CRDs and the
+# manager with every feature on, plus a `ucm router` and ready-made `jmp` configs
+# (.run/jumpstarter/) for a demo Client and Exporter.
 # The cluster directory .run/cluster survives, so the next run reuses its data, ports and kubeconfig.
 # Ctrl-C stops the router, the manager and the control plane.
 set -euo pipefail
