@@ -202,16 +202,7 @@ async fn post(
     post_query(client, ar, ns, body, "fieldValidation=Strict").await
 }
 
-/// [`post`] as a server-side dry run: validated and admitted, never stored.
-async fn post_dry_run(
-    client: &Client,
-    ar: &ApiResource,
-    ns: Option<&str>,
-    body: Value,
-) -> Result<Value, String> {
-    post_query(client, ar, ns, body, "fieldValidation=Strict&dryRun=All").await
-}
-
+/// [`post`] with the query string `query` (e.g. a dry run).
 async fn post_query(
     client: &Client,
     ar: &ApiResource,

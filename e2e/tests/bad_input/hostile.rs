@@ -12,7 +12,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::{Crd, api, condition_of, create, manifest, post_dry_run};
+use super::{Crd, api, condition_of, create, manifest, post_query};
 use crate::common::*;
 
 const BAD_TIME: &str = "9999-12-31T23:59:59Z";
@@ -195,7 +195,8 @@ async fn unreadable_lease_does_not_block_its_namespace() {
     // moment after it (asynchronously): ask, as a dry run, until it answers with the new one.
     let t0 = std::time::Instant::now();
     let refused = loop {
-        let r = post_dry_run(&client, &ar, Some(&ns), body.clone()).await;
+        let dry_run = "fieldValidation=Strict&dryRun=All";
+        let r = post_query(&client, &ar, Some(&ns), body.clone(), dry_run).await;
         if r.is_err() || t0.elapsed() > Duration::from_secs(30) {
             break r;
         }
