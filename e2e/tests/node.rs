@@ -201,6 +201,19 @@ fn md5(data: &[u8]) -> String {
         .to_string()
 }
 
+/// Creates `obj`, written as a user writes a manifest, through `api`.
+async fn create_json<K>(api: &Api<K>, obj: serde_json::Value) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(obj).unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 #[ignore]
 async fn two_manager_replicas_elect_one_leader_that_the_leader_services_reach_and_fail_over() {
@@ -331,27 +344,15 @@ async fn an_export_server_pod_serves_a_provisioned_disk_through_its_service() {
                "spec": {"source": {"apiGroup": "", "kind": "PersistentVolumeClaim", "name": "disk"}}}),
     ];
     for o in objs {
+        let api_version = o["apiVersion"].as_str().unwrap();
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let gvk = kube::api::GroupVersionKind::gvk(group, version, o["kind"].as_str().unwrap());
         let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
             client.clone(),
             &ns,
-            &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-                o["apiVersion"]
-                    .as_str()
-                    .unwrap()
-                    .rsplit_once('/')
-                    .map_or("", |(g, _)| g),
-                o["apiVersion"]
-                    .as_str()
-                    .unwrap()
-                    .rsplit('/')
-                    .next()
-                    .unwrap(),
-                o["kind"].as_str().unwrap(),
-            )),
+            &kube::discovery::ApiResource::from_gvk(&gvk),
         );
-        api.create(&PostParams::default(), &serde_json::from_value(o).unwrap())
-            .await
-            .unwrap();
+        create_json(&api, o).await;
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     eventually(
@@ -399,11 +400,9 @@ async fn an_export_server_pod_serves_a_provisioned_disk_through_its_service() {
     let ca = dir.path().join("ca.crt");
     let links = st.links.unwrap().internal.unwrap();
     std::fs::write(&ca, links.cert).unwrap();
-    let secret = Api::<Secret>::namespaced(client.clone(), &ns)
-        .get(st.token_secret_ref.as_deref().unwrap())
-        .await
-        .unwrap();
-    let token = String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let token = secret_data(&secrets, st.token_secret_ref.as_deref().unwrap(), "token").await;
+    let token = String::from_utf8(token).unwrap();
     let volumes = links.volumes.unwrap_or_default();
     let volume = &volumes[0];
     let url = |format: &str| {
@@ -535,17 +534,12 @@ async fn the_helm_chart_installs_under_pod_security_restricted_and_serves_its_na
     )
     .await;
     let clients: Api<ucm::exporter::crd::Client> = Api::namespaced(client.clone(), &ns);
-    clients
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
-                                           "metadata": {"name": "dev"}, "spec": {}}),
-            )
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    create_json(
+        &clients,
+        json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
+               "metadata": {"name": "dev"}, "spec": {}}),
+    )
+    .await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     eventually(
         Duration::from_secs(60),
@@ -658,17 +652,15 @@ async fn the_snapshot_agent_daemonset_cuts_a_loopfile_snapshot_and_deletes_it() 
     // what Miroir's volume controller would write.
     let ar = kube::api::ApiResource::erase::<MiroirVolume>(&());
     let raw: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
-    raw.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
+    create_json(
+        &raw,
+        json!({
             "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirVolume",
             "metadata": {"name": vol},
             "spec": {"sizeBytes": data.len(), "replicas": [{"node": "ucm-node", "backend": "loopfile"}]},
-        }))
-        .unwrap(),
+        }),
     )
-    .await
-    .unwrap();
+    .await;
     let volumes: Api<MiroirVolume> = Api::all(client.clone());
     volumes
         .patch_status(
@@ -680,17 +672,14 @@ async fn the_snapshot_agent_daemonset_cuts_a_loopfile_snapshot_and_deletes_it() 
         .await
         .unwrap();
     let snapshots: Api<MiroirSnapshot> = Api::all(client.clone());
-    snapshots
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirSnapshot",
-                "metadata": {"name": snap}, "spec": {"volumeName": vol},
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    create_json(
+        &snapshots,
+        json!({
+            "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirSnapshot",
+            "metadata": {"name": snap}, "spec": {"volumeName": vol},
+        }),
+    )
+    .await;
     eventually(
         Duration::from_secs(120),
         "the snapshot readyToUse",
@@ -769,38 +758,22 @@ async fn a_real_jmp_exporter_and_client_meet_through_the_in_cluster_controller_a
     let ns = create_namespace(&client, "node-jmp").await;
     let exporters: Api<Exporter> = Api::namespaced(client.clone(), &ns);
     let clients: Api<ucm::exporter::crd::Client> = Api::namespaced(client.clone(), &ns);
-    exporters
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
-                "metadata": {"name": "board", "labels": {"board": "node"}}, "spec": {}}),
-            )
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    clients
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
-                "metadata": {"name": "dev"}, "spec": {}}),
-            )
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    create_json(
+        &exporters,
+        json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
+               "metadata": {"name": "board", "labels": {"board": "node"}}, "spec": {}}),
+    )
+    .await;
+    create_json(
+        &clients,
+        json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
+               "metadata": {"name": "dev"}, "spec": {}}),
+    )
+    .await;
     // The credentials the in-cluster manager minted.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let mut tokens = Vec::new();
-    for (what, name) in [("exporter", "board-exporter"), ("client", "dev-client")] {
-        eventually(
-            Duration::from_secs(60),
-            &format!("the {what}'s credential"),
-            || async { secrets.get_opt(name).await.ok().flatten().is_some() },
-        )
-        .await;
+    for name in ["board-exporter", "dev-client"] {
         tokens.push(String::from_utf8(secret_data(&secrets, name, "token").await).unwrap());
     }
     // Both peers dial the controller by its in-cluster name (the Service reaching the leader);
