@@ -18,6 +18,7 @@
 pub mod cli;
 pub mod controller;
 pub mod crd_bounds;
+pub mod events;
 pub mod feature;
 pub mod guarded;
 pub mod health;

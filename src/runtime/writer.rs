@@ -3,17 +3,19 @@
 //! and a standby never writes (runtime.md §4.4).
 
 use std::fmt::Debug;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
-    runtime::events::{Event, EventType, Recorder, Reporter},
+    runtime::events::EventType,
 };
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Map, Value, json};
 use tracing::warn;
 
+use super::events::{Occurrence, Publisher};
 use super::leader::Leadership;
 
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +97,7 @@ pub fn kube_metric_label(e: &kube::Error) -> &'static str {
 #[derive(Clone)]
 pub struct Writer {
     leadership: Leadership,
-    recorder: Recorder,
+    events: Arc<Publisher>,
     manager: String,
 }
 
@@ -107,16 +109,10 @@ impl Writer {
         instance: Option<String>,
     ) -> Self {
         let manager = format!("ucm-{controller}");
-        let recorder = Recorder::new(
-            client,
-            Reporter {
-                controller: manager.clone(),
-                instance,
-            },
-        );
+        let instance = instance.unwrap_or_else(|| manager.clone());
         Writer {
             leadership,
-            recorder,
+            events: Arc::new(Publisher::new(client, manager.clone(), instance)),
             manager,
         }
     }
@@ -272,14 +268,13 @@ impl Writer {
             }
             note.truncate(cut);
         }
-        let ev = Event {
+        let ev = Occurrence {
             type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: action.into(),
-            secondary: None,
+            reason,
+            action,
+            note: &note,
         };
-        if let Err(e) = self.recorder.publish(&ev, regarding).await {
+        if let Err(e) = self.events.publish(&ev, regarding).await {
             warn!(reason, error = %e, "could not publish event");
         }
     }
