@@ -43,7 +43,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{CustomResourceExt, Resource as _};
 
 use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
-use crate::runtime::controller::{Guarded, run};
+use crate::runtime::controller::{Guarded, drop_managed_fields, run};
 use crate::runtime::rbac::rule;
 use crate::runtime::{Feature, Runtime, Trigger};
 
@@ -131,6 +131,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         rt.watched::<Guarded<Exporter>>(),
         watcher::Config::default(),
         2,
+        drop_managed_fields,
     );
     // Active Leases (no ended label; rule 6.1.1: the selector drops ended leases from the watch
     // and its cache, and admits an ended lease that lacks the label, so it is backfilled).
@@ -139,12 +140,14 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         rt.watched::<Guarded<Lease>>(),
         active_lease_watch(),
         2,
+        drop_managed_fields,
     );
     let (clients, client_events) = rt.reflect_fanout(
         "client",
         rt.watched::<Guarded<Client>>(),
         watcher::Config::default(),
         2,
+        drop_managed_fields,
     );
     // Credential Secrets, metadata only (no Secret data is cached): the cache tells a pass
     // that a Secret does not exist, and its changes trigger their owners.
@@ -153,6 +156,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         rt.watched::<PartialObjectMeta<Secret>>(),
         watcher::Config::default(),
         2,
+        slim_secret,
     );
     let (policies, policy_changes) = rt.reflect(
         "exporter-policies",
@@ -186,6 +190,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
     // heartbeats that move `lastSeen` alone (nothing derived changes, and the last pass's timer
     // still runs); owned Secrets; and Leases mapped by their controller owner or by
     // status.exporterRef (a lease that ends leaves the label-selected watch as a deletion).
+    let wakeups = reconcile::Wakeups::default();
     let exporter_ctl = rt
         .controller_on::<Exporter>(
             "exporter",
@@ -224,6 +229,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
                 .map(move |name| ObjectRef::<Guarded<Exporter>>::new(&name).within(&ns))
                 .collect()
         });
+    let exporter_ctl = exporter_ctl.reconcile_on(wakeups.exporters.clone().fired());
     rt.metrics
         .registry
         .register(Box::new(metrics::ExporterGauges::new(exporters.clone())))
@@ -235,6 +241,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         (leases.clone(), leases.clone(), leases.clone());
     let lease_ctl = rt
         .controller_on::<Lease>("lease", leases.clone(), lease_primary, Trigger::AnyChange)
+        .reconcile_on(wakeups.leases.clone().fired())
         .watches_stream(
             policy_changes,
             move |policy: Guarded<ExporterAccessPolicy>| {
@@ -252,11 +259,11 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         )
         // A heartbeat that moves only `lastSeen` changes nothing a lease waits for.
         .watches_stream(
-            exporter_wakes.touched_objects().predicate_filter(
+            crate::runtime::controller::changed(
+                exporter_wakes.touched_objects(),
                 |e: &Guarded<Exporter>| {
                     crate::runtime::controller::hash_except_status(e, &["lastSeen"])
                 },
-                Default::default(),
             ),
             move |exporter: Guarded<Exporter>| {
                 // An unreadable Exporter is no candidate; its own pass reports it.
@@ -281,6 +288,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
             client_primary,
             Trigger::SpecAndFinalizers,
         )
+        .reconcile_on(wakeups.clients.clone().fired())
         .watches_stream(
             client_secrets.touched_objects(),
             |s: PartialObjectMeta<Secret>| {
@@ -311,6 +319,7 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         ledger: Default::default(),
         replaced: Default::default(),
         tokens: own_writes::Tokens::priming(),
+        wakeups,
     });
 
     futures::join!(
@@ -390,6 +399,22 @@ fn two<T>(v: Vec<T>) -> [T; 2] {
 /// The objects whose credential Secret this is: its controller owner of `kind`, and the object
 /// its name points to (`<name><suffix>`), so that a Secret that lost its ownerRef, or was
 /// deleted, still triggers its owner's pass (which restores or recreates it).
+/// What the credential passes read of a cached Secret: its name, version, owners and deletion.
+/// The cache holds every Secret of the watched namespaces, so the rest (labels, annotations: a
+/// client-side apply's annotation repeats the whole Secret, data included) is dropped.
+fn slim_secret(s: &mut PartialObjectMeta<Secret>) {
+    s.types = None;
+    let m = std::mem::take(&mut s.metadata);
+    s.metadata = ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        resource_version: m.resource_version,
+        owner_references: m.owner_references,
+        deletion_timestamp: m.deletion_timestamp,
+        ..Default::default()
+    };
+}
+
 fn credential_owners<K>(meta: &ObjectMeta, kind: &str, suffix: &str) -> Vec<ObjectRef<Guarded<K>>>
 where
     K: kube::Resource<DynamicType = ()>,

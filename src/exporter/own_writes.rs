@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 /// (namespace, name).
 type Key = (String, String);
 
+use crate::exporter::auth::token;
 use crate::exporter::crd::{Lease, LeaseStatus};
 use crate::exporter::lease::assign::Assignment;
 use crate::runtime::controller::Guarded;
@@ -169,10 +170,11 @@ pub struct Replacements {
     pub leases: Replaced,
 }
 
-/// (namespace, Secret) → (resourceVersion, token): the token a credential Secret held at that
-/// version, as this replica wrote or read it. While the Secret cache shows the same version,
-/// the token is known without a GET (Secrets are cached as metadata only, so no other Secret
-/// data is held). Only credentials of this feature's objects are kept, one short JWT each.
+/// (namespace, Secret) → (resourceVersion, token): what the token a credential Secret held at
+/// that version is, as this replica wrote or read it. While the Secret cache shows the same
+/// version, the token is known without a GET (Secrets are cached as metadata only, so no other
+/// Secret data is held). Only credentials of this feature's objects are kept, each as read once
+/// ([`token::Read`]: subject, holder and times, not the JWT).
 pub struct Tokens {
     inner: Mutex<TokensInner>,
     /// False while a starting manager reads every credential Secret once
@@ -191,7 +193,7 @@ impl Default for Tokens {
 
 #[derive(Default)]
 struct TokensInner {
-    tokens: HashMap<Key, (String, Arc<str>)>,
+    tokens: HashMap<Key, (String, token::Read)>,
     /// The size at which entries of deleted Secrets are dropped next (doubles each time).
     prune_at: usize,
 }
@@ -214,7 +216,7 @@ impl Tokens {
         let _ = rx.wait_for(|p| *p).await;
     }
 
-    pub fn get(&self, namespace: &str, name: &str, rv: &str) -> Option<Arc<str>> {
+    pub fn get(&self, namespace: &str, name: &str, rv: &str) -> Option<token::Read> {
         let inner = self.inner.lock().expect("lock");
         match inner.tokens.get(&(namespace.to_string(), name.to_string())) {
             Some((at, token)) if at == rv => Some(token.clone()),
@@ -229,7 +231,7 @@ impl Tokens {
         namespace: &str,
         name: &str,
         rv: &str,
-        token: Arc<str>,
+        token: token::Read,
         exists: impl Fn(&str, &str) -> bool,
     ) {
         let mut inner = self.inner.lock().expect("lock");
@@ -390,8 +392,9 @@ mod tests {
     #[test]
     fn a_token_is_known_only_at_the_version_it_was_seen() {
         let t = Tokens::default();
-        t.put("lab", "e-exporter", "5", "jwt".into(), |_, _| true);
-        assert_eq!(t.get("lab", "e-exporter", "5").as_deref(), Some("jwt"));
+        let read: token::Read = Err(token::Invalid::Subject);
+        t.put("lab", "e-exporter", "5", read.clone(), |_, _| true);
+        assert_eq!(t.get("lab", "e-exporter", "5"), Some(read));
         // Someone else wrote the Secret since: read it again.
         assert_eq!(t.get("lab", "e-exporter", "6"), None);
         assert_eq!(t.get("other", "e-exporter", "5"), None);
@@ -403,7 +406,13 @@ mod tests {
         // Every even Secret was deleted since.
         let exists = |_: &str, n: &str| n.trim_start_matches('s').parse::<u32>().unwrap() % 2 == 1;
         for i in 0..1024 {
-            t.put("lab", &format!("s{i}"), "1", "jwt".into(), exists);
+            t.put(
+                "lab",
+                &format!("s{i}"),
+                "1",
+                Err(token::Invalid::NotUtf8),
+                exists,
+            );
         }
         let inner = t.inner.lock().unwrap();
         assert_eq!(inner.tokens.len(), 512);

@@ -29,6 +29,7 @@ use crate::exporter::lease::assign::{
 use crate::exporter::own_writes::{Ledger, Replacements, STALE_RECHECK, Tokens};
 use crate::exporter::settings::Settings;
 use crate::runtime::controller::Guarded;
+use crate::runtime::timers::Timers;
 use crate::runtime::writer::kube_metric_label;
 use crate::runtime::{ReconcileError, Synced, WriteError, Writer};
 
@@ -45,6 +46,17 @@ pub struct Ctx {
     pub replaced: Replacements,
     /// The tokens our credential Secrets hold, per resourceVersion.
     pub tokens: Tokens,
+    /// Each controller's timed wake-ups.
+    pub wakeups: Wakeups,
+}
+
+/// The next timed pass of every Exporter, Client and Lease that has one (a token threshold, an
+/// exporter going offline, a lease's begin or end), fed back to its controller as a trigger.
+#[derive(Default)]
+pub struct Wakeups {
+    pub exporters: Arc<Timers<Guarded<Exporter>>>,
+    pub clients: Arc<Timers<Guarded<Client>>>,
+    pub leases: Arc<Timers<Guarded<Lease>>>,
 }
 
 /// The feature's caches, one per kind, each fed by the watch that also triggers the passes
@@ -147,10 +159,11 @@ enum Credential {
     Conflict,
 }
 
-/// The credential Secret as this pass sees it: its metadata and the token it holds.
+/// The credential Secret as this pass sees it: its metadata and its token as read (none when
+/// it holds no `token` key).
 struct Stored {
     meta: ObjectMeta,
-    token: Option<Arc<str>>,
+    token: Option<token::Read>,
 }
 
 /// The Secret from the caches where they know it: absent when the (synced) Secret cache has
@@ -191,21 +204,20 @@ async fn stored_credential(
     else {
         return Ok(None);
     };
-    let token = token_in(&secret);
+    let token = token_in(&secret).map(|t| token::read(t, &ctx.key));
     Ok(Some(Stored {
         meta: secret.metadata,
         token,
     }))
 }
 
-/// The `token` key of a Secret's data, if it is text.
-fn token_in(secret: &Secret) -> Option<Arc<str>> {
-    let token = secret.data.as_ref()?.get("token")?;
-    std::str::from_utf8(&token.0).ok().map(Arc::from)
+/// The `token` key of a Secret's data.
+fn token_in(secret: &Secret) -> Option<&[u8]> {
+    Some(&secret.data.as_ref()?.get("token")?.0)
 }
 
 /// Remembers the token a credential Secret holds at `rv` (see [`super::own_writes::Tokens`]).
-fn remember_token(ctx: &Ctx, namespace: &str, name: &str, rv: &str, token: Arc<str>) {
+fn remember_token(ctx: &Ctx, namespace: &str, name: &str, rv: &str, token: token::Read) {
     ctx.tokens.put(namespace, name, rv, token, |ns, n| {
         ctx.caches
             .secrets
@@ -215,7 +227,7 @@ fn remember_token(ctx: &Ctx, namespace: &str, name: &str, rv: &str, token: Arc<s
 }
 
 /// The token of a credential Secret: one an Exporter or Client controls, holding `token`.
-fn credential_token(secret: &Secret) -> Option<(&str, &str, &str, Arc<str>)> {
+fn credential_token(secret: &Secret) -> Option<(&str, &str, &str, &[u8])> {
     let m = &secret.metadata;
     m.owner_references.iter().flatten().find(|o| {
         o.controller == Some(true)
@@ -256,7 +268,7 @@ pub async fn prime_tokens(rt: crate::runtime::Runtime, ctx: Arc<Ctx>) {
             };
             for secret in &page.items {
                 if let Some((ns, name, rv, token)) = credential_token(secret) {
-                    remember_token(&ctx, ns, name, rv, token);
+                    remember_token(&ctx, ns, name, rv, token::read(token, &ctx.key));
                     known += 1;
                 }
             }
@@ -318,10 +330,6 @@ async fn credential_pass(
 ) -> Result<Credential, Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
     let existing = stored_credential(ctx, &api, namespace, secret_name, fresh).await?;
-    let stored = existing
-        .as_ref()
-        .and_then(|s| s.token.as_deref())
-        .map(str::as_bytes);
     let holder = token::holder(
         &owner.kind.to_lowercase(),
         namespace,
@@ -329,7 +337,8 @@ async fn credential_pass(
         &owner.uid,
     );
     // A token ucm minted for another object (its holder) is never kept, even with our subject.
-    let action = match token::decide(stored, &ctx.key, subject, now, policy) {
+    let stored = existing.as_ref().and_then(|s| s.token.as_ref());
+    let action = match token::judge(stored, subject, now, policy) {
         TokenAction::Keep(c) if c.holder.as_ref().is_some_and(|h| *h != holder) => {
             TokenAction::Mint(MintReason::Replaced(token::Invalid::Subject))
         }
@@ -342,14 +351,14 @@ async fn credential_pass(
         return Ok(Credential::Conflict);
     }
     // Whatever this pass leaves in the Secret, at the version it leaves, is known from now on.
-    let remember = |written: &ObjectMeta, token: Arc<str>| {
+    let remember = |written: &ObjectMeta, token: token::Read| {
         let rv = written.resource_version.as_deref().unwrap_or_default();
         remember_token(ctx, namespace, secret_name, rv, token);
     };
     match action {
         TokenAction::Keep(claims) => {
             let secret = existing.expect("a kept token was stored");
-            let token = secret.token.clone().expect("a kept token was stored");
+            let token = Ok(claims.clone());
             if has_controller_ref(&secret.meta, owner) {
                 remember(&secret.meta, token);
             } else {
@@ -368,7 +377,7 @@ async fn credential_pass(
         TokenAction::Mint(reason) => {
             let (jwt, claims) =
                 token::mint_for(&ctx.key, subject, Some(&holder), now, policy.lifetime);
-            let token: Arc<str> = Arc::from(jwt.as_str());
+            let token = Ok(claims.for_judging());
             let data = BTreeMap::from([("token".to_string(), ByteString(jwt.into_bytes()))]);
             let written = match existing {
                 None => {
@@ -484,11 +493,17 @@ fn gone_is_done(result: Result<Action, Error>) -> Result<Action, Error> {
     }
 }
 
-fn requeue(after: Option<std::time::Duration>) -> Action {
-    match after {
-        Some(d) => Action::requeue(d),
-        None => Action::await_change(),
-    }
+/// Sets the object's next timed pass, replacing the one before ([`Wakeups`]: compact, unlike
+/// kube's scheduler, which keeps only the short-lived requeues: a stale pass's recheck, the
+/// error backoff).
+fn requeue<K>(
+    timers: &Timers<K>,
+    ns: &str,
+    name: &str,
+    after: Option<std::time::Duration>,
+) -> Action {
+    timers.set(ns, name, after);
+    Action::await_change()
 }
 
 /// The Exporter pass (§4.2).
@@ -616,7 +631,12 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
         ));
     }
     emit(&ctx, &*exporter, &events).await;
-    Ok(requeue(desired.requeue_after))
+    Ok(requeue(
+        &ctx.wakeups.exporters,
+        &ns,
+        &name,
+        desired.requeue_after,
+    ))
 }
 
 /// The Client pass (§3.4).
@@ -702,7 +722,12 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
         persisted.unwrap_or(client.status.as_ref().unwrap_or(&desired.status)),
     );
     emit(&ctx, &*client, &events).await;
-    Ok(requeue(desired.requeue_after))
+    Ok(requeue(
+        &ctx.wakeups.clients,
+        &ns,
+        &name,
+        desired.requeue_after,
+    ))
 }
 
 /// The Lease pass (§6): decide, write status, count, then metadata.
@@ -904,7 +929,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             .leases
             .note(&ns, &name, &current_rv, &written_rv);
     }
-    Ok(requeue(out.requeue_after))
+    Ok(requeue(&ctx.wakeups.leases, &ns, &name, out.requeue_after))
 }
 
 #[cfg(test)]
@@ -932,7 +957,7 @@ mod tests {
         };
         let ours = secret("Exporter", "jumpstarter.dev/v1alpha1", true, Some("jwt"));
         let (ns, name, rv, token) = credential_token(&ours).unwrap();
-        assert_eq!((ns, name, rv, &*token), ("ns", "s", "7", "jwt"));
+        assert_eq!((ns, name, rv, token), ("ns", "s", "7", &b"jwt"[..]));
         assert!(
             credential_token(&secret(
                 "Client",

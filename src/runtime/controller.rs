@@ -9,8 +9,9 @@ use std::{
     collections::HashMap,
     fmt::Debug,
     future::Future,
+    hash::{Hash, Hasher},
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use futures::StreamExt;
@@ -183,6 +184,51 @@ impl kube::runtime::utils::Backoff for TriggerBackoff {
     }
 }
 
+/// How long [`changed`] remembers an object it has not seen since (kube's predicate default).
+const CHANGED_TTL: Duration = Duration::from_secs(3600);
+
+/// kube's `predicate_filter` with a smaller memory: objects pass when `property` changed since
+/// this stream last passed them (or could not be hashed), and after [`CHANGED_TTL`] without an
+/// event. kube keeps each object's name, namespace and uid as strings (some 250 bytes per object
+/// per filter); this keeps a hash of them and of the property, 32 bytes (issue 17: memory per
+/// cached Exporter).
+pub fn changed<K, S>(
+    stream: S,
+    property: impl Predicate<K> + Send + 'static,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send
+where
+    K: Resource + Send,
+    S: futures::Stream<Item = Result<K, watcher::Error>> + Send,
+{
+    let mut seen: HashMap<u64, (u64, Instant)> = HashMap::new();
+    let mut swept = Instant::now();
+    stream.filter(move |item| {
+        let pass = match item {
+            Ok(obj) => match property.hash_property(obj) {
+                Some(value) => {
+                    let now = Instant::now();
+                    if now.duration_since(swept) >= CHANGED_TTL {
+                        seen.retain(|_, (_, at)| now.duration_since(*at) < CHANGED_TTL);
+                        swept = now;
+                    }
+                    let meta = obj.meta();
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    (&meta.namespace, &meta.name, &meta.uid).hash(&mut h);
+                    match seen.insert(h.finish(), (value, now)) {
+                        Some((before, at)) => {
+                            before != value || now.duration_since(at) >= CHANGED_TTL
+                        }
+                        None => true,
+                    }
+                }
+                None => true,
+            },
+            Err(_) => true,
+        };
+        futures::future::ready(pass)
+    })
+}
+
 /// The short jittered delay after a write conflict ("immediately" in the feature specs).
 pub fn conflict_delay() -> Duration {
     Duration::from_millis(rand::rng().random_range(10..100))
@@ -210,8 +256,13 @@ impl Runtime {
             + 'static,
     {
         // Only this trigger reads managedFields; every other cache drops them.
-        let keep_managed_fields = matches!(trigger, Trigger::SpecFinalizersAndForeignStatus);
-        let (reader, events) = self.reflected_events(name, api, cfg, keep_managed_fields);
+        let slim: fn(&mut Guarded<K>) =
+            if matches!(trigger, Trigger::SpecFinalizersAndForeignStatus) {
+                |_| {}
+            } else {
+                drop_managed_fields
+            };
+        let (reader, events) = self.reflected_events(name, api, cfg, slim);
         self.controller_on(name, reader, events, trigger)
     }
 
@@ -240,28 +291,22 @@ impl Runtime {
     {
         let stream = events.applied_objects();
         let stream = match trigger {
-            Trigger::SpecAndFinalizers => stream
-                .predicate_filter(
-                    predicates::generation.combine(predicates::finalizers),
-                    Default::default(),
-                )
-                .boxed(),
+            Trigger::SpecAndFinalizers => changed(
+                stream,
+                predicates::generation.combine(predicates::finalizers),
+            )
+            .boxed(),
             Trigger::AnyChange => stream.boxed(),
             Trigger::SpecFinalizersAndForeignStatus => {
                 let ours = format!("ucm-{name}");
-                stream
-                    .predicate_filter(
-                        move |o: &Guarded<K>| hash_spec_or_foreign_status(o, &ours),
-                        Default::default(),
-                    )
-                    .boxed()
+                changed(stream, move |o: &Guarded<K>| {
+                    hash_spec_or_foreign_status(o, &ours)
+                })
+                .boxed()
             }
-            Trigger::AnyChangeExceptStatus(ignored) => stream
-                .predicate_filter(
-                    move |o: &Guarded<K>| hash_except_status(o, ignored),
-                    Default::default(),
-                )
-                .boxed(),
+            Trigger::AnyChangeExceptStatus(ignored) => {
+                changed(stream, move |o: &Guarded<K>| hash_except_status(o, ignored)).boxed()
+            }
         };
         Controller::for_stream(stream, reader)
             .trigger_backoff(TriggerBackoff::default())
@@ -287,7 +332,7 @@ impl Runtime {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        let (reader, events) = self.reflected_events(name, api, cfg, false);
+        let (reader, events) = self.reflected_events(name, api, cfg, drop_managed_fields);
         (reader, events.touched_objects())
     }
 
@@ -298,18 +343,20 @@ impl Runtime {
     /// of its own drives the watch until shutdown. The queues are unbounded: a consumer that
     /// waits for this very watch to list (a Controller whose workers wait on
     /// [`super::Synced`]) must never hold the list back, so a slow consumer's queue grows
-    /// instead. The store keeps no managedFields.
+    /// instead. The store and the streams hold each object as `slim` leaves it (at least
+    /// [`drop_managed_fields`]).
     pub fn reflect_fanout<K>(
         &self,
         name: &'static str,
         api: Api<K>,
         cfg: watcher::Config,
         n: usize,
+        slim: fn(&mut K),
     ) -> (reflector::Store<K>, Vec<FanoutStream<K>>)
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        let (reader, events) = self.reflected_events(name, api, cfg, false);
+        let (reader, events) = self.reflected_events(name, api, cfg, slim);
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..n)
             .map(|_| futures::channel::mpsc::unbounded::<watcher::Event<K>>())
             .unzip();
@@ -348,7 +395,7 @@ impl Runtime {
         name: &'static str,
         api: Api<K>,
         cfg: watcher::Config,
-        keep_managed_fields: bool,
+        slim: fn(&mut K),
     ) -> (
         reflector::Store<K>,
         impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -360,17 +407,17 @@ impl Runtime {
         let mut synced = self.track_synced(name);
         let stream = watcher(api, cfg)
             .default_backoff()
-            // managedFields are often the largest part of a cached object, and only the
-            // foreign-status trigger reads them.
-            .modify(move |o: &mut K| {
-                if !keep_managed_fields {
-                    o.meta_mut().managed_fields = None;
-                }
-            })
+            .modify(slim)
             .inspect(move |ev| synced.observe(ev))
             .reflect(writer);
         (reader, stream)
     }
+}
+
+/// What every cache drops: managedFields are often the largest part of an object, and only the
+/// foreign-status trigger reads them (its caches keep them).
+pub fn drop_managed_fields<K: Resource>(o: &mut K) {
+    o.meta_mut().managed_fields = None;
 }
 
 /// Per-controller state shared by the wrapped reconcile and error policy.
@@ -563,6 +610,40 @@ mod tests {
         assert_eq!(base, h(&obj("2", "2026-01-01T00:00:20Z", "True", "a")));
         assert_ne!(base, h(&obj("3", "2026-01-01T00:00:20Z", "False", "a")));
         assert_ne!(base, h(&obj("4", "2026-01-01T00:00:00Z", "True", "b")));
+    }
+
+    #[tokio::test]
+    async fn changed_passes_an_object_when_its_property_changes_and_a_new_object_of_the_same_name()
+    {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let cm = |uid: &str, value: &str| -> Result<ConfigMap, watcher::Error> {
+            Ok(serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "c", "namespace": "lab", "uid": uid},
+                "data": {"k": value},
+            }))
+            .unwrap())
+        };
+        let value = |c: &ConfigMap| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            c.data.hash(&mut h);
+            Some(h.finish())
+        };
+        let input = vec![
+            cm("u1", "a"),
+            cm("u1", "a"), // unchanged: dropped
+            cm("u1", "b"),
+            cm("u2", "b"), // same name, another object (recreated): passes
+            cm("u2", "b"),
+            cm("u1", "b"), // the first object's last value: dropped
+        ];
+        let passed: Vec<String> = changed(futures::stream::iter(input), value)
+            .map(|c| {
+                let c = c.unwrap();
+                format!("{}={}", c.metadata.uid.unwrap(), c.data.unwrap()["k"])
+            })
+            .collect()
+            .await;
+        assert_eq!(passed, ["u1=a", "u1=b", "u2=b"]);
     }
 
     #[test]

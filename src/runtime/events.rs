@@ -59,9 +59,14 @@ struct Series {
 /// What a publish sends.
 #[derive(Debug, PartialEq)]
 enum Send {
-    Create { name: String },
+    Create {
+        name: String,
+    },
     /// Bump the series of the Event `name` to `count`.
-    Repeat { name: String, count: i32 },
+    Repeat {
+        name: String,
+        count: i32,
+    },
 }
 
 impl Seen {
@@ -234,7 +239,10 @@ mod tests {
         // Its Event expired on the server: the next repeat starts from one.
         let name = seen.start(1000, "x", at(362));
         assert_eq!(name, format!("x.{:x}", at(362).as_nanosecond()));
-        assert_eq!(seen.next(1000, "x", at(363)), Send::Repeat { name, count: 2 });
+        assert_eq!(
+            seen.next(1000, "x", at(363)),
+            Send::Repeat { name, count: 2 }
+        );
     }
 
     #[test]

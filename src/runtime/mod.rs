@@ -29,6 +29,7 @@ pub mod manager;
 pub mod metrics;
 pub mod rbac;
 pub mod shutdown;
+pub mod timers;
 pub mod trim;
 pub mod unreadable;
 pub mod writer;

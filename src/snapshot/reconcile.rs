@@ -453,7 +453,13 @@ pub async fn run(rt: Runtime, settings: build::Settings, agent_namespace: String
     // One watch for two consumers: the controller, and the mapping of every snapshot change
     // to the siblings that wait on it (a round closing, by publish, void or deletion, lets the
     // next snapshot of that volume open).
-    let (store, events) = rt.reflect_fanout(CONTROLLER, guarded, watcher::Config::default(), 2);
+    let (store, events) = rt.reflect_fanout(
+        CONTROLLER,
+        guarded,
+        watcher::Config::default(),
+        2,
+        controller::drop_managed_fields,
+    );
     let [primary, sibling_events]: [_; 2] = events.try_into().ok().expect("two streams");
     let controller =
         rt.controller_on::<MiroirSnapshot>(CONTROLLER, store.clone(), primary, Trigger::AnyChange);

@@ -148,6 +148,19 @@ fn string_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>,
 }
 
 impl Claims {
+    /// What [`judge`] reads of these claims (see [`Read`]).
+    pub fn for_judging(&self) -> Claims {
+        Claims {
+            iss: String::new(),
+            aud: Vec::new(),
+            jti: None,
+            sub: self.sub.clone(),
+            holder: self.holder.clone(),
+            iat: self.iat,
+            exp: self.exp,
+        }
+    }
+
     pub fn expires_at(&self) -> Timestamp {
         Timestamp::from_second(self.exp).unwrap_or(Timestamp::MAX)
     }
@@ -236,6 +249,16 @@ pub fn sign(key: &SigningKey, claims: &Claims) -> String {
 
 /// Verifies alg, signature, `iss`, `aud` and `exp` (rule 4.1.4). The subject is the caller's check.
 pub fn verify(key: &SigningKey, token: &str, now: Timestamp) -> Result<Claims, TokenError> {
+    let claims = verify_signed(key, token)?;
+    if claims.exp <= now.as_second() {
+        return Err(TokenError::Expired);
+    }
+    Ok(claims)
+}
+
+/// [`verify`] but for the time: signed by `key`, our issuer and audience. What it finds holds
+/// for as long as the key does; only expiry depends on when it is asked.
+fn verify_signed(key: &SigningKey, token: &str) -> Result<Claims, TokenError> {
     let mut parts = token.trim().split('.');
     let (Some(h), Some(p), Some(s), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -266,9 +289,6 @@ pub fn verify(key: &SigningKey, token: &str, now: Timestamp) -> Result<Claims, T
     }
     if !claims.aud.iter().any(|a| a == AUDIENCE) {
         return Err(TokenError::Audience);
-    }
-    if claims.exp <= now.as_second() {
-        return Err(TokenError::Expired);
     }
     Ok(claims)
 }
@@ -356,6 +376,19 @@ pub enum TokenAction {
     Mint(MintReason),
 }
 
+/// A stored token apart from the time: its claims when `key` signed it for our issuer and
+/// audience, or why it is not ours. Only what [`judge`] reads is kept (subject, holder, issue
+/// and expiry times), so the credential cache holds a few short strings per token, not the JWT.
+pub type Read = Result<Claims, Invalid>;
+
+/// Reads a stored token once (see [`Read`]).
+pub fn read(stored: &[u8], key: &SigningKey) -> Read {
+    let text = std::str::from_utf8(stored).map_err(|_| Invalid::NotUtf8)?;
+    Ok(verify_signed(key, text)
+        .map_err(Invalid::Token)?
+        .for_judging())
+}
+
 /// Rules 4.1.4–4.1.5 and 4.1.10: decide whether the stored token can stay.
 /// `stored` is None when the Secret or its `token` key is missing.
 pub fn decide(
@@ -365,23 +398,36 @@ pub fn decide(
     now: Timestamp,
     policy: &TokenPolicy,
 ) -> TokenAction {
-    let Some(bytes) = stored else {
-        return TokenAction::Mint(MintReason::Created);
+    judge(
+        stored.map(|b| read(b, key)).as_ref(),
+        expected_subject,
+        now,
+        policy,
+    )
+}
+
+/// [`decide`] on a token [`read`] before: the same answer at `now`.
+pub fn judge(
+    stored: Option<&Read>,
+    expected_subject: &str,
+    now: Timestamp,
+    policy: &TokenPolicy,
+) -> TokenAction {
+    let claims = match stored {
+        None => return TokenAction::Mint(MintReason::Created),
+        Some(Err(invalid)) => return TokenAction::Mint(MintReason::Replaced(*invalid)),
+        Some(Ok(claims)) => claims,
     };
-    let Ok(text) = std::str::from_utf8(bytes) else {
-        return TokenAction::Mint(MintReason::Replaced(Invalid::NotUtf8));
-    };
-    let claims = match verify(key, text, now) {
-        Ok(c) => c,
-        Err(e) => return TokenAction::Mint(MintReason::Replaced(Invalid::Token(e))),
-    };
+    if claims.exp <= now.as_second() {
+        return TokenAction::Mint(MintReason::Replaced(Invalid::Token(TokenError::Expired)));
+    }
     if claims.sub != expected_subject {
         return TokenAction::Mint(MintReason::Replaced(Invalid::Subject));
     }
-    if policy.renewal_at(&claims).is_some_and(|at| at <= now) {
+    if policy.renewal_at(claims).is_some_and(|at| at <= now) {
         return TokenAction::Mint(MintReason::Renewed);
     }
-    TokenAction::Keep(claims)
+    TokenAction::Keep(claims.clone())
 }
 
 #[cfg(test)]
@@ -557,9 +603,12 @@ mod tests {
         let p = TokenPolicy::default();
         let sub = "exporter:ns:e:u";
         let (t, claims) = mint(&k, sub, ts(NOW), p.lifetime);
+        let TokenAction::Keep(kept) = decide(Some(t.as_bytes()), &k, sub, ts(NOW + DAY), &p) else {
+            panic!("a fresh token of ours is kept")
+        };
         assert_eq!(
-            decide(Some(t.as_bytes()), &k, sub, ts(NOW + DAY), &p),
-            TokenAction::Keep(claims)
+            (kept.sub, kept.holder, kept.iat, kept.exp),
+            (claims.sub, claims.holder, claims.iat, claims.exp)
         );
         assert_eq!(
             decide(None, &k, sub, ts(NOW), &p),
@@ -604,6 +653,37 @@ mod tests {
             decide(Some(t.as_bytes()), &k, sub, ts(renew_at + DAY), &off),
             TokenAction::Keep(_)
         ));
+    }
+
+    /// The credential cache keeps a token read once; judged later, it gets the answer a fresh
+    /// read would: expiry and renewal follow the clock, not the time of the read.
+    #[test]
+    fn a_token_read_once_is_judged_at_the_time_asked() {
+        let k = SigningKey::from_seed("x").unwrap();
+        let p = TokenPolicy::default();
+        let sub = "exporter:ns:e:u";
+        let (t, _) = mint(&k, sub, ts(NOW), p.lifetime);
+        let read_now = read(t.as_bytes(), &k);
+        for at in [NOW + DAY, NOW + 335 * DAY, NOW + 365 * DAY] {
+            assert_eq!(
+                judge(Some(&read_now), sub, ts(at), &p),
+                decide(Some(t.as_bytes()), &k, sub, ts(at), &p),
+                "at {at}"
+            );
+        }
+        assert_eq!(
+            judge(Some(&read_now), sub, ts(NOW + 365 * DAY), &p),
+            TokenAction::Mint(MintReason::Replaced(Invalid::Token(TokenError::Expired)))
+        );
+        // Only what judging reads is kept.
+        let kept = read_now.unwrap();
+        assert!(kept.iss.is_empty() && kept.aud.is_empty() && kept.jti.is_none());
+        // A token of another key is remembered as such.
+        let other = SigningKey::from_seed("rotated").unwrap();
+        assert_eq!(
+            read(t.as_bytes(), &other),
+            Err(Invalid::Token(TokenError::Signature))
+        );
     }
 
     #[test]
