@@ -553,3 +553,81 @@ async fn a_manager_started_with_more_than_a_page_of_objects_lists_each_page_once
         .collect();
     assert_eq!(tokens.len(), 2, "two more pages, each its own: {lists:#?}");
 }
+
+/// Events as `kubectl describe` shows them: the same event again within six minutes is one
+/// Event with a series count (a merge patch the API server must accept), another note is
+/// another Event, and an Event that expired on the server is created anew.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn a_repeated_event_is_one_event_with_a_series() {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::api::events::v1::Event;
+    use kube::runtime::events::EventType;
+    use ucm::runtime::events::{Occurrence, Publisher};
+
+    let client = client_for(&shared_kubeconfig()).await;
+    let ns = create_namespace(&client, "events").await;
+    let publisher = Publisher::new(client.clone(), "ucm-e2e".into(), "e2e-pod".into());
+    let regarding = ObjectReference {
+        api_version: Some("jumpstarter.dev/v1alpha1".into()),
+        kind: Some("Exporter".into()),
+        namespace: Some(ns.clone()),
+        name: Some("e1".into()),
+        uid: Some("0000-e1".into()),
+        ..Default::default()
+    };
+    let occurrence = |note| Occurrence {
+        type_: EventType::Warning,
+        reason: "SecretConflict",
+        action: "Reconcile",
+        note,
+    };
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    // (note, series count or 1) of each Event, oldest first.
+    let seen = || async {
+        let mut items = events.list(&Default::default()).await.unwrap().items;
+        items.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+        items
+            .into_iter()
+            .map(|e| {
+                assert_eq!(e.reporting_controller.as_deref(), Some("ucm-e2e"));
+                assert_eq!(e.reporting_instance.as_deref(), Some("e2e-pod"));
+                assert_eq!(e.regarding.as_ref(), Some(&regarding));
+                (e.note.unwrap_or_default(), e.series.map_or(1, |s| s.count))
+            })
+            .collect::<Vec<_>>()
+    };
+
+    for _ in 0..3 {
+        publisher
+            .publish(&occurrence("taken"), &regarding)
+            .await
+            .unwrap();
+    }
+    publisher
+        .publish(&occurrence("taken by another"), &regarding)
+        .await
+        .unwrap();
+    assert_eq!(
+        seen().await,
+        [
+            ("taken".to_string(), 3),
+            ("taken by another".to_string(), 1)
+        ]
+    );
+
+    // The API server dropped the first Event (its TTL): the next repeat creates one.
+    events
+        .delete_collection(&Default::default(), &Default::default())
+        .await
+        .unwrap();
+    eventually(TIMEOUT, "the events deleted", || async {
+        seen().await.is_empty()
+    })
+    .await;
+    publisher
+        .publish(&occurrence("taken"), &regarding)
+        .await
+        .unwrap();
+    assert_eq!(seen().await, [("taken".to_string(), 1)]);
+}
