@@ -396,9 +396,6 @@ fn two<T>(v: Vec<T>) -> [T; 2] {
     v.try_into().ok().expect("two streams")
 }
 
-/// The objects whose credential Secret this is: its controller owner of `kind`, and the object
-/// its name points to (`<name><suffix>`), so that a Secret that lost its ownerRef, or was
-/// deleted, still triggers its owner's pass (which restores or recreates it).
 /// What the credential passes read of a cached Secret: its name, version, owners and deletion.
 /// The cache holds every Secret of the watched namespaces, so the rest (labels, annotations: a
 /// client-side apply's annotation repeats the whole Secret, data included) is dropped.
@@ -415,6 +412,9 @@ fn slim_secret(s: &mut PartialObjectMeta<Secret>) {
     };
 }
 
+/// The objects whose credential Secret this is: its controller owner of `kind`, and the object
+/// its name points to (`<name><suffix>`), so that a Secret that lost its ownerRef, or was
+/// deleted, still triggers its owner's pass (which restores or recreates it).
 fn credential_owners<K>(meta: &ObjectMeta, kind: &str, suffix: &str) -> Vec<ObjectRef<Guarded<K>>>
 where
     K: kube::Resource<DynamicType = ()>,
