@@ -6,7 +6,7 @@
 //! object. Every Exporter and Client with a token has a timer (its renewal or `TokenExpiring`
 //! threshold, at the latest `--exporter-max-requeue` away), so at 5,000 Exporters that is a
 //! seventh of the memory per cached Exporter (issue 17). Here a timer is one `namespace/name`
-//! string and its due time, about 150 bytes. The controller takes the wake-ups as a trigger
+//! string and its due time, about 200 bytes. The controller takes the wake-ups as a trigger
 //! stream ([`Timers::fired`] into `Controller::reconcile_on`).
 //!
 //! Each pass decides its object's next wake-up ([`Timers::set`]), replacing the one before, as
