@@ -58,7 +58,7 @@ struct Series {
 
 /// What a publish sends.
 #[derive(Debug, PartialEq)]
-enum Send {
+enum Publish {
     Create {
         name: String,
     },
@@ -71,7 +71,7 @@ enum Send {
 
 impl Seen {
     /// Decides the request for an occurrence with `key` at `now` and records it.
-    fn next(&mut self, key: u64, regarding: &str, now: Timestamp) -> Send {
+    fn next(&mut self, key: u64, regarding: &str, now: Timestamp) -> Publish {
         if self.next_sweep.is_none_or(|at| at <= now) {
             self.series.retain(|_, s| s.last + SERIES_WINDOW > now);
             self.next_sweep = Some(now + SignedDuration::from_mins(1));
@@ -80,12 +80,12 @@ impl Seen {
             Some(s) if s.last + SERIES_WINDOW > now => {
                 s.count += 1;
                 s.last = now;
-                Send::Repeat {
+                Publish::Repeat {
                     name: event_name(regarding, s.first_nanos),
                     count: s.count,
                 }
             }
-            _ => Send::Create {
+            _ => Publish::Create {
                 name: self.start(key, regarding, now),
             },
         }
@@ -139,8 +139,8 @@ impl Publisher {
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let send = self.seen.lock().expect("lock").next(key, name, now);
         let create = match send {
-            Send::Create { name } => name,
-            Send::Repeat { name: first, count } => {
+            Publish::Create { name } => name,
+            Publish::Repeat { name: first, count } => {
                 let patch = serde_json::json!({"series": {
                     "count": count,
                     "lastObservedTime": MicroTime(now),
@@ -202,13 +202,13 @@ mod tests {
     #[test]
     fn a_repeat_within_six_minutes_bumps_the_first_events_series() {
         let mut seen = Seen::default();
-        let Send::Create { name } = seen.next(1, "e1", at(0)) else {
+        let Publish::Create { name } = seen.next(1, "e1", at(0)) else {
             panic!("the first occurrence creates")
         };
         assert_eq!(name, format!("e1.{:x}", at(0).as_nanosecond()));
         assert_eq!(
             seen.next(1, "e1", at(300)),
-            Send::Repeat {
+            Publish::Repeat {
                 name: name.clone(),
                 count: 2
             }
@@ -216,15 +216,21 @@ mod tests {
         // The window runs from the last occurrence.
         assert_eq!(
             seen.next(1, "e1", at(600)),
-            Send::Repeat {
+            Publish::Repeat {
                 name: name.clone(),
                 count: 3
             }
         );
         // Another event (another key) is its own.
-        assert!(matches!(seen.next(2, "e1", at(601)), Send::Create { .. }));
+        assert!(matches!(
+            seen.next(2, "e1", at(601)),
+            Publish::Create { .. }
+        ));
         // Six minutes of silence: a new Event.
-        assert!(matches!(seen.next(1, "e1", at(960)), Send::Create { .. }));
+        assert!(matches!(
+            seen.next(1, "e1", at(960)),
+            Publish::Create { .. }
+        ));
     }
 
     #[test]
@@ -241,7 +247,7 @@ mod tests {
         assert_eq!(name, format!("x.{:x}", at(362).as_nanosecond()));
         assert_eq!(
             seen.next(1000, "x", at(363)),
-            Send::Repeat { name, count: 2 }
+            Publish::Repeat { name, count: 2 }
         );
     }
 

@@ -389,24 +389,8 @@ pub fn read(stored: &[u8], key: &SigningKey) -> Read {
         .for_judging())
 }
 
-/// Rules 4.1.4–4.1.5 and 4.1.10: decide whether the stored token can stay.
-/// `stored` is None when the Secret or its `token` key is missing.
-pub fn decide(
-    stored: Option<&[u8]>,
-    key: &SigningKey,
-    expected_subject: &str,
-    now: Timestamp,
-    policy: &TokenPolicy,
-) -> TokenAction {
-    judge(
-        stored.map(|b| read(b, key)).as_ref(),
-        expected_subject,
-        now,
-        policy,
-    )
-}
-
-/// [`decide`] on a token [`read`] before: the same answer at `now`.
+/// Rules 4.1.4–4.1.5 and 4.1.10: whether a stored token, [`read`] earlier (`None` when the
+/// Secret or its `token` key is missing), can stay at `now`.
 pub fn judge(
     stored: Option<&Read>,
     expected_subject: &str,
@@ -433,6 +417,22 @@ pub fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Read and judge at once, as a pass on a fresh GET does.
+    fn decide(
+        stored: Option<&[u8]>,
+        key: &SigningKey,
+        expected_subject: &str,
+        now: Timestamp,
+        policy: &TokenPolicy,
+    ) -> TokenAction {
+        judge(
+            stored.map(|b| read(b, key)).as_ref(),
+            expected_subject,
+            now,
+            policy,
+        )
+    }
 
     fn ts(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
