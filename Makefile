@@ -17,6 +17,7 @@ KHARNESS    := e2e/bin/kharness
 KUBECTL     := e2e/bin/kubectl
 HELM        := e2e/bin/helm
 PROMTOOL    := e2e/bin/promtool
+UPSTREAM_KEYS := e2e/bin/upstream-keys
 KUBELET     := e2e/bin/kubelet
 SCHEDULER   := e2e/bin/kube-scheduler
 KUBEPROXY   := e2e/bin/kube-proxy
@@ -72,7 +73,13 @@ $(HELM): e2e/tools/helm/go.mod e2e/tools/helm/go.sum
 $(PROMTOOL): e2e/tools/promtool/go.mod e2e/tools/promtool/go.sum
 	cd e2e/tools/promtool && $(GO_ENV) go build -ldflags "-s -w" -o ../../bin/promtool github.com/prometheus/prometheus/cmd/promtool
 
-cluster: $(KHARNESS) $(KUBECTL) $(HELM) $(PROMTOOL)
+# The upstream Jumpstarter controller's key derivation and token minting, from the Go standard
+# library and filippo.io/keygen only: the independent reference of the takeover tests
+# (docs/exporter.md, "The signing key").
+$(UPSTREAM_KEYS): e2e/tools/upstream-keys/main.go e2e/tools/upstream-keys/go.mod e2e/tools/upstream-keys/go.sum
+	cd e2e/tools/upstream-keys && $(GO_ENV) go build -ldflags "-s -w" -o ../../bin/upstream-keys .
+
+cluster: $(KHARNESS) $(KUBECTL) $(HELM) $(PROMTOOL) $(UPSTREAM_KEYS)
 
 # The ucm container image as an OCI archive ($(TARGET_DIR)/ucm-image.oci.tar), built from the
 # Dockerfile by buildah without Docker or a registry (hack/image.sh; installs buildah if missing).

@@ -4,7 +4,9 @@
 //! verifier, as Kubernetes' union of JWT authenticators does; a token no verifier claims is
 //! refused. Refusals are `Unauthenticated` and carry the reason, never the token.
 
+mod gorand_table;
 pub mod oidc;
+mod seed;
 pub mod signing;
 pub mod token;
 

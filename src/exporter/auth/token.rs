@@ -5,21 +5,16 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
-use hkdf::Hkdf;
 use jiff::{SignedDuration, Timestamp};
 use p256::ecdsa::signature::{Signer, Verifier};
 use p256::ecdsa::{Signature, VerifyingKey};
 use p256::pkcs8::{DecodePrivateKey, EncodePrivateKey, LineEnding};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
 
 pub const ISSUER: &str = "https://localhost:8085";
 pub const AUDIENCE: &str = "jumpstarter";
 pub const KEY_ID: &str = "default";
 pub const DEFAULT_PREFIX: &str = "internal:";
-
-const SEED_SALT: &[u8] = b"ucm.jumpstarter.dev/signing-key/v1";
-const SEED_INFO: &[u8] = b"es256";
 
 /// Annotations that replace the namespace and uid in a token subject (objects migrated from
 /// another cluster keep their tokens valid).
@@ -53,28 +48,18 @@ impl PartialEq for SigningKey {
 }
 
 impl SigningKey {
-    /// Derives the key from the `CONTROLLER_KEY` seed: HKDF-SHA256, salt
-    /// `ucm.jumpstarter.dev/signing-key/v1`, info `es256 || counter` (counter from 0); the first
-    /// 32-byte output that is a valid scalar in `[1, n−1]` (big-endian) is the key.
+    /// Derives the key from the `CONTROLLER_KEY` seed as the upstream controller does
+    /// ([`super::seed`]), so tokens either of them minted verify with the other's key.
     pub fn from_seed(seed: &str) -> Result<Self, KeyError> {
         if seed.is_empty() {
             return Err(KeyError::EmptySeed);
         }
-        let hkdf = Hkdf::<Sha256>::new(Some(SEED_SALT), seed.as_bytes());
-        for counter in 0..=u8::MAX {
-            let mut info = SEED_INFO.to_vec();
-            info.push(counter);
-            let mut okm = [0u8; 32];
-            hkdf.expand(&info, &mut okm)
-                .expect("32 bytes is a valid HKDF-SHA256 length");
-            if let Ok(secret) = p256::SecretKey::from_slice(&okm) {
-                return Ok(Self {
-                    inner: (&secret).into(),
-                });
-            }
-        }
-        // Each output is out of range with probability < 2^-32; 256 misses in a row do not happen.
-        unreachable!("no valid P-256 scalar in 256 HKDF outputs")
+        let scalar = super::seed::scalar_from_seed(seed.as_bytes());
+        let secret = p256::SecretKey::from_slice(&scalar)
+            .expect("b mod (n - 1) + 1 is a scalar in [1, n - 1]");
+        Ok(Self {
+            inner: (&secret).into(),
+        })
     }
 
     /// Reads a PKCS#8 PEM P-256 private key (the `key.pem` of a key Secret).
@@ -464,17 +449,36 @@ mod tests {
         assert_eq!(verify(&c, &t, ts(NOW)), Err(TokenError::Signature));
     }
 
+    /// Seeds → keys → tokens, from the independent Go program `e2e/tools/upstream-keys golden`
+    /// (the standard library's `math/rand` and `filippo.io/keygen` v1.0.0, as upstream derives).
     #[test]
-    fn seed_derivation_follows_the_documented_hkdf() {
-        // Independent recomputation of rule 4.1.8 for counter 0.
-        let hk = Hkdf::<Sha256>::new(Some(b"ucm.jumpstarter.dev/signing-key/v1"), b"seed");
-        let mut okm = [0u8; 32];
-        hk.expand(b"es256\x00", &mut okm).unwrap();
-        let expected = p256::SecretKey::from_slice(&okm).unwrap();
-        let expected = SigningKey {
-            inner: (&expected).into(),
-        };
-        assert_eq!(SigningKey::from_seed("seed").unwrap(), expected);
+    fn seed_derivation_matches_upstream_golden_vectors() {
+        #[derive(Deserialize)]
+        struct Vector {
+            seed: String,
+            scalar: String,
+            public: String,
+            sub: String,
+            token: String,
+        }
+        let vectors: Vec<Vector> =
+            serde_json::from_str(include_str!("testdata/upstream_keys.json")).unwrap();
+        assert!(vectors.len() >= 5);
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        for v in vectors {
+            let key = SigningKey::from_seed(&v.seed).unwrap();
+            assert_eq!(hex(&key.inner.to_bytes()), v.scalar, "seed {:?}", v.seed);
+            let public = key.verifying_key().to_sec1_point(false);
+            assert_eq!(hex(public.as_bytes()), v.public, "seed {:?}", v.seed);
+            // Upstream's token (no kid, `typ: JWT`) verifies and reads as upstream wrote it.
+            let claims = verify(&key, &v.token, ts(1_800_000_000)).unwrap();
+            assert_eq!(claims.sub, v.sub);
+            assert_eq!(claims.holder, None);
+            assert_eq!(
+                decode_part(&v.token, 0),
+                serde_json::json!({"alg": "ES256", "typ": "JWT"})
+            );
+        }
     }
 
     #[test]
