@@ -14,7 +14,7 @@ use base64::Engine;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use serde::Serialize;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::exporter::grpc::TLS_SECRET;
 use crate::exporter::reconcile::Ctx;
@@ -45,7 +45,8 @@ pub struct AuthConfig {
 struct Service {
     /// Everything but the CA bundle, which may appear later (the leader stores it).
     base: AuthConfig,
-    /// `CA_BUNDLE_PEM` (upstream's variable), else `EXTERNAL_CERT_PEM`: fixed for the process.
+    /// `CA_BUNDLE_PEM` (upstream's variable), else `EXTERNAL_CERT_PEM` (text or file): fixed for
+    /// the process.
     fixed_ca: Option<String>,
     secrets: Api<Secret>,
 }
@@ -150,10 +151,14 @@ pub async fn run(rt: Runtime, ctx: Arc<Ctx>) {
         .clone()
         .or_else(|| rt.config.watch_namespace.clone())
         .unwrap_or_else(|| rt.config.manager_namespace.clone());
-    let fixed_ca = std::env::var("CA_BUNDLE_PEM")
-        .ok()
-        .or_else(|| std::env::var("EXTERNAL_CERT_PEM").ok())
-        .filter(|p| !p.is_empty());
+    // Each is PEM text or the path of a PEM file, as for the serving certificate.
+    let fixed_ca = ["CA_BUNDLE_PEM", "EXTERNAL_CERT_PEM"]
+        .into_iter()
+        .find_map(|var| crate::exporter::tls::pem_or_file(var, std::env::var(var).ok()))
+        .and_then(|read| {
+            read.map_err(|e| warn!(error = %e, "login: serving the stored CA instead"))
+                .ok()
+        });
     let svc = Arc::new(Service {
         base: base_config(&ctx, namespace),
         fixed_ca,

@@ -1,6 +1,8 @@
-//! Server certificates for the controller gRPC service and `ucm router` (spec §7.1.1, §7.6.1):
-//! `EXTERNAL_CERT_PEM`/`EXTERNAL_KEY_PEM` (PEM text), else a self-signed certificate for the host
-//! of the advertised endpoint. The private key is never logged.
+//! Server certificates for the controller gRPC service and `ucm router` (docs/exporter.md,
+//! "Certificates"): `EXTERNAL_CERT_PEM`/`EXTERNAL_KEY_PEM`, each the path of a PEM file as upstream
+//! v0.9.0 and its operator use them (`/tls/tls.crt`, `/tls/tls.key`) or the PEM text itself, else a
+//! self-signed certificate for the host of the advertised endpoint. The private key is never
+//! logged, nor is a file's content in an error.
 
 #[derive(Clone)]
 pub struct CertPair {
@@ -26,9 +28,20 @@ impl CertPair {
 
 /// The configured pair from the environment: both set, neither set, or an error.
 pub fn from_env() -> Result<Option<CertPair>, String> {
-    from_values(
-        std::env::var("EXTERNAL_CERT_PEM").ok(),
-        std::env::var("EXTERNAL_KEY_PEM").ok(),
+    let read = |var: &str| pem_or_file(var, std::env::var(var).ok()).transpose();
+    from_values(read("EXTERNAL_CERT_PEM")?, read("EXTERNAL_KEY_PEM")?)
+}
+
+/// The PEM a variable carries: its value when that is PEM text, else the content of the file it
+/// names. `None` when unset or empty.
+pub fn pem_or_file(var: &str, value: Option<String>) -> Option<Result<String, String>> {
+    let value = value.filter(|v| !v.trim().is_empty())?;
+    if value.contains("-----BEGIN ") {
+        return Some(Ok(value));
+    }
+    Some(
+        std::fs::read_to_string(value.trim())
+            .map_err(|e| format!("{var}: cannot read the PEM file {}: {e}", value.trim())),
     )
 }
 
@@ -39,10 +52,14 @@ pub fn from_values(cert: Option<String>, key: Option<String>) -> Result<Option<C
     ) {
         (Some(cert_pem), Some(key_pem)) => {
             if !cert_pem.contains("-----BEGIN CERTIFICATE-----") {
-                return Err("EXTERNAL_CERT_PEM is not a PEM certificate".into());
+                return Err(
+                    "EXTERNAL_CERT_PEM is neither a PEM certificate nor a file holding one".into(),
+                );
             }
             if !key_pem.contains("PRIVATE KEY-----") {
-                return Err("EXTERNAL_KEY_PEM is not a PEM private key".into());
+                return Err(
+                    "EXTERNAL_KEY_PEM is neither a PEM private key nor a file holding one".into(),
+                );
             }
             Ok(Some(CertPair { cert_pem, key_pem }))
         }
@@ -105,5 +122,39 @@ mod tests {
             .unwrap();
         assert_eq!(got.cert_pem, pair.cert_pem);
         assert_eq!(format!("{got:?}"), "CertPair(<redacted>)");
+    }
+
+    #[test]
+    fn env_values_are_pem_text_or_paths_of_pem_files() {
+        let pair = self_signed("ucm.example.com:8082").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&crt, &pair.cert_pem).unwrap();
+        std::fs::write(&key, &pair.key_pem).unwrap();
+        let read = |v: &str| pem_or_file("EXTERNAL_CERT_PEM", Some(v.to_string()));
+        assert_eq!(read(crt.to_str().unwrap()).unwrap().unwrap(), pair.cert_pem);
+        assert_eq!(read(&pair.cert_pem).unwrap().unwrap(), pair.cert_pem);
+        assert!(read("").is_none());
+        assert!(pem_or_file("EXTERNAL_CERT_PEM", None).is_none());
+        let missing = read("/nonexistent/tls.crt").unwrap().unwrap_err();
+        assert!(missing.contains("EXTERNAL_CERT_PEM") && missing.contains("/nonexistent/tls.crt"));
+        // The key file's content never reaches an error: a file that is not PEM is named, not shown.
+        let got = from_values(
+            read(crt.to_str().unwrap()).unwrap().ok(),
+            pem_or_file("EXTERNAL_KEY_PEM", Some(crt.to_str().unwrap().into()))
+                .unwrap()
+                .ok(),
+        )
+        .unwrap_err();
+        assert!(!got.contains("BEGIN"), "{got}");
+        let both = from_values(
+            read(crt.to_str().unwrap()).unwrap().ok(),
+            pem_or_file("EXTERNAL_KEY_PEM", Some(key.to_str().unwrap().into()))
+                .unwrap()
+                .ok(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(both.key_pem, pair.key_pem);
     }
 }
