@@ -1,8 +1,9 @@
-//! Caller authentication and authorization (spec §7.2): exactly one `authorization: Bearer <jwt>`
-//! verified by [`Authn`] (internal, external issuers, TokenReview), the
-//! `jumpstarter-namespace/kind/name` metadata, and the named object's accepted usernames; with
-//! `provisioning.enabled`, a missing Client is created for an external identity (as upstream's
-//! `BasicAuthorizer`). Errors never carry token text, Secret names or Kubernetes errors.
+//! Caller authentication and authorization (docs/exporter.md, "Who may call"): exactly one
+//! `authorization: Bearer <jwt>` verified by [`Authn`] (internal, external issuers, TokenReview),
+//! the `jumpstarter-namespace/kind/name` metadata (an external identity may leave the name empty:
+//! it is derived from the username, as upstream does), and the named object's accepted usernames;
+//! with `provisioning.enabled`, a missing Client is created for an external identity.
+//! Errors never carry token text, Secret names or Kubernetes errors.
 
 use jiff::Timestamp;
 use kube::{Api, Resource, ResourceExt};
@@ -60,7 +61,8 @@ pub fn bearer<T>(req: &Request<T>) -> Result<&str, Status> {
     }
 }
 
-/// The metadata part (rule 7.2.2): which object the caller claims to be.
+/// The metadata part: which object the caller claims to be. An empty or missing
+/// `jumpstarter-name` is resolved by [`resolve_name`] once the token is known.
 pub fn caller<T>(req: &Request<T>, watched: Option<&str>) -> Result<Caller, Status> {
     let namespace = one_md(req, "jumpstarter-namespace")?.to_string();
     let kind = match one_md(req, "jumpstarter-kind")? {
@@ -72,7 +74,16 @@ pub fn caller<T>(req: &Request<T>, watched: Option<&str>) -> Result<Caller, Stat
             ));
         }
     };
-    let name = one_md(req, "jumpstarter-name")?.to_string();
+    let name = match req.metadata().get_all("jumpstarter-name").iter().count() {
+        0 => String::new(),
+        1 => req
+            .metadata()
+            .get("jumpstarter-name")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| Status::invalid_argument("malformed metadata: jumpstarter-name"))?
+            .to_string(),
+        _ => return Err(one_md(req, "jumpstarter-name").unwrap_err()),
+    };
     if watched.is_some_and(|w| w != namespace) {
         return Err(Status::permission_denied(format!(
             "namespace {namespace} is not served by this controller"
@@ -85,6 +96,56 @@ pub fn caller<T>(req: &Request<T>, watched: Option<&str>) -> Result<Caller, Stat
     })
 }
 
+/// The object name an external identity stands for, as upstream derives it
+/// (docs/exporter.md, "Object names from external identities"): the username without its
+/// provider prefix (up to the first `:`), lower-cased, every run of characters outside
+/// `[a-z0-9]` made one `-`, trimmed of `-` and cut to 63 characters.
+/// `None` for identities that must name their object: internal tokens and ServiceAccounts.
+pub fn name_from_identity(identity: &Identity) -> Option<String> {
+    const SERVICE_ACCOUNT: &str = "system:serviceaccount:";
+    if identity.internal || identity.username.contains(SERVICE_ACCOUNT) {
+        return None;
+    }
+    let bare = identity
+        .username
+        .split_once(':')
+        .map_or(identity.username.as_str(), |(_, rest)| rest);
+    let mut name = String::with_capacity(bare.len());
+    for c in bare.chars().flat_map(char::to_lowercase) {
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            name.push(c);
+        } else if !name.is_empty() && !name.ends_with('-') {
+            name.push('-');
+        }
+    }
+    name.truncate(63);
+    Some(name.trim_end_matches('-').to_string())
+}
+
+/// Fills in or checks the caller's name against its identity, as upstream v0.9.0 does: an
+/// external identity may leave the name empty (it is derived) but not name another object;
+/// internal and ServiceAccount identities must name theirs.
+pub fn resolve_name(caller: &mut Caller, identity: &Identity) -> Result<(), Status> {
+    match name_from_identity(identity) {
+        None if caller.name.is_empty() => Err(Status::invalid_argument(
+            "resource name required: jumpstarter-name is empty",
+        )),
+        None => Ok(()),
+        Some(derived) if derived.is_empty() => Err(Status::invalid_argument(
+            "resource name required: the username gives no object name",
+        )),
+        Some(derived) if caller.name.is_empty() => {
+            caller.name = derived;
+            Ok(())
+        }
+        Some(derived) if derived == caller.name => Ok(()),
+        Some(derived) => Err(Status::invalid_argument(format!(
+            "resource name mismatch: provided {:?}, expected {derived:?} for this identity",
+            caller.name
+        ))),
+    }
+}
+
 /// Token and metadata: the caller and who presented the token.
 pub async fn identify<T>(
     authn: &Authn,
@@ -94,7 +155,9 @@ pub async fn identify<T>(
 ) -> Result<(Caller, Identity), Status> {
     let tok = bearer(req)?;
     let identity = authn.authenticate(tok, now).await?;
-    Ok((caller(req, watched)?, identity))
+    let mut caller = caller(req, watched)?;
+    resolve_name(&mut caller, &identity)?;
+    Ok((caller, identity))
 }
 
 /// A token ucm minted names the object it was minted for (its holder); it must be this one, so
@@ -134,8 +197,33 @@ fn accepted<K: Resource<DynamicType = ()>>(
     v
 }
 
-/// Full check (rules 7.2.1–7.2.5): `allowed` lists the kinds the RPC accepts.
+/// Full check (docs/exporter.md, "Who may call"): `allowed` lists the kinds the RPC accepts.
+/// A refusal is logged at info with the caller's address, as upstream logs it
+/// (`client authentication failed` / `exporter authentication failed`), never with the token.
 pub async fn authorize<T>(
+    ctx: &Ctx,
+    authn: &Authn,
+    watched: Option<&str>,
+    req: &Request<T>,
+    allowed: &[Kind],
+) -> Result<Caller, Status> {
+    let result = check(ctx, authn, watched, req, allowed).await;
+    if let Err(e) = &result {
+        let who = match req.metadata().get("jumpstarter-kind").map(|v| v.as_bytes()) {
+            Some(b"Client") => "client",
+            Some(b"Exporter") => "exporter",
+            _ => "caller",
+        };
+        let peer = req
+            .remote_addr()
+            .map_or_else(|| "unknown".to_string(), |a| a.to_string());
+        tracing::info!(%peer, code = ?e.code(), reason = e.message(),
+            "{who} authentication failed");
+    }
+    result
+}
+
+async fn check<T>(
     ctx: &Ctx,
     authn: &Authn,
     watched: Option<&str>,
@@ -335,5 +423,85 @@ mod tests {
         two.metadata_mut()
             .append("authorization", "Bearer x".parse().unwrap());
         assert_eq!(code(two, None).await.code(), tonic::Code::InvalidArgument);
+    }
+
+    fn who(username: &str, internal: bool) -> Identity {
+        Identity {
+            username: username.into(),
+            holder: None,
+            internal,
+        }
+    }
+
+    #[test]
+    fn external_usernames_name_objects_as_upstream() {
+        let derived = |u: &str| name_from_identity(&who(u, false));
+        // Upstream's own vectors for this derivation.
+        for (username, name) in [
+            ("dex:test-exporter-hooks", "test-exporter-hooks"),
+            (
+                "dex:test-client-oidc-provisioning",
+                "test-client-oidc-provisioning",
+            ),
+            ("dex:foo@example.com", "foo-example-com"),
+            ("foo", "foo"),
+            ("foo@example.com", "foo-example-com"),
+            ("kc:Alice.Smith", "alice-smith"),
+            ("kc:@@a@@", "a"),
+        ] {
+            assert_eq!(derived(username).as_deref(), Some(name), "{username}");
+        }
+        assert_eq!(derived(&"a".repeat(70)).unwrap(), "a".repeat(63));
+        assert_eq!(
+            derived(&format!("x:{}-b", "a".repeat(62))).unwrap(),
+            "a".repeat(62)
+        );
+        // ServiceAccounts (through dex or a TokenReview) and internal tokens must name the object.
+        assert_eq!(
+            derived("dex:system:serviceaccount:lab:test-exporter-sa"),
+            None
+        );
+        assert_eq!(derived("system:serviceaccount:lab:ci"), None);
+        assert_eq!(
+            name_from_identity(&who("internal:client:lab:c:u", true)),
+            None
+        );
+    }
+
+    #[test]
+    fn an_empty_name_is_derived_a_different_one_refused() {
+        let caller = |name: &str| Caller {
+            namespace: "lab".into(),
+            name: name.into(),
+            kind: Kind::Client,
+        };
+        let dex = who("dex:test-client-oidc-provisioning", false);
+        let mut c = caller("");
+        resolve_name(&mut c, &dex).unwrap();
+        assert_eq!(c.name, "test-client-oidc-provisioning");
+        let mut same = caller("test-client-oidc-provisioning");
+        resolve_name(&mut same, &dex).unwrap();
+        let e = resolve_name(&mut caller("alice-dev"), &dex).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(
+            e.message().contains("resource name mismatch"),
+            "{}",
+            e.message()
+        );
+        assert!(
+            e.message().contains("alice-dev")
+                && e.message().contains("test-client-oidc-provisioning")
+        );
+        for must_name in [
+            who("internal:client:lab:c:u", true),
+            who("system:serviceaccount:lab:ci", false),
+        ] {
+            let e = resolve_name(&mut caller(""), &must_name).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().contains("resource name required"));
+            let mut any = caller("any-name-works");
+            resolve_name(&mut any, &must_name).unwrap();
+            assert_eq!(any.name, "any-name-works");
+        }
     }
 }

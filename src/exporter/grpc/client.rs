@@ -119,8 +119,7 @@ impl ClientApi {
             req,
             &[Kind::Client],
         )
-        .await
-        .inspect_err(|e| debug!(code = ?e.code(), "gRPC client call refused"))?;
+        .await?;
         if caller.namespace != namespace {
             return Err(Status::permission_denied(format!(
                 "Client {}/{} may not act in namespace {namespace}",

@@ -84,11 +84,7 @@ impl Controller {
     }
 
     async fn auth<T>(&self, req: &Request<T>, kinds: &[Kind]) -> Result<Caller, Status> {
-        let r = auth::authorize(&self.ctx, &self.authn, self.watched.as_deref(), req, kinds).await;
-        if let Err(e) = &r {
-            debug!(code = ?e.code(), "gRPC call refused");
-        }
-        r
+        auth::authorize(&self.ctx, &self.authn, self.watched.as_deref(), req, kinds).await
     }
 
     /// Ends every Listen stream (their senders are dropped).
