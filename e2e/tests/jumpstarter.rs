@@ -9,6 +9,7 @@
 //! both ways upstream configs trust a controller are covered.
 
 mod keycloak;
+mod takeover;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -107,6 +108,49 @@ impl Drop for ExporterProc {
                 tail(&self.log, 60)
             );
         }
+    }
+}
+
+/// `ucm router` on 127.0.0.1:`port` for `env`'s namespace, serving `cert`/`key`; `envs` adds
+/// variables (e.g. ROUTER_KEY; without it the router reads the Secret the manager created).
+fn start_router(
+    env: &TestEnv,
+    dir: &Path,
+    port: u16,
+    cert: &[u8],
+    key: &[u8],
+    envs: &[(&str, &str)],
+) -> Router {
+    let log_path = dir.join("router.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ucm"));
+    cmd.args([
+        "router".to_string(),
+        format!("--bind-address=127.0.0.1:{port}"),
+        format!("--endpoint=localhost:{port}"),
+        format!("--namespace={}", env.ns),
+        "--log-level=info,ucm=debug".into(),
+    ])
+    .env("KUBECONFIG", &env.kubeconfig)
+    .env(
+        "EXTERNAL_CERT_PEM",
+        String::from_utf8(cert.to_vec()).unwrap(),
+    )
+    .env("EXTERNAL_KEY_PEM", String::from_utf8(key.to_vec()).unwrap())
+    .env_remove("ROUTER_KEY")
+    .env_remove("RUST_LOG");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start ucm router");
+    Router {
+        child: Some(child),
+        log: log_path,
     }
 }
 
@@ -265,33 +309,7 @@ impl Lab {
 
         // The router reads its key from the Secret the manager created (no ROUTER_KEY) and serves
         // the controller's certificate, so one CA covers both endpoints.
-        let router_log = dir.path().join("router.log");
-        let log = std::fs::File::create(&router_log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_ucm"))
-            .args([
-                "router".to_string(),
-                format!("--bind-address=127.0.0.1:{router_port}"),
-                format!("--endpoint={router_endpoint}"),
-                format!("--namespace={}", env.ns),
-                "--log-level=info,ucm=debug".into(),
-            ])
-            .env("KUBECONFIG", &env.kubeconfig)
-            .env(
-                "EXTERNAL_CERT_PEM",
-                String::from_utf8(cert.clone()).unwrap(),
-            )
-            .env("EXTERNAL_KEY_PEM", String::from_utf8(key).unwrap())
-            .env_remove("ROUTER_KEY")
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start ucm router");
-        let router = Router {
-            child: Some(child),
-            log: router_log,
-        };
+        let router = start_router(&env, dir.path(), router_port, &cert, &key, &[]);
 
         // The exporter keeps `tls.insecure` from `jmp admin -k`; the client trusts the CA.
         edit_yaml(&exporter_cfg, |v| {
@@ -997,7 +1015,7 @@ async fn oidc_jmp_login_lease_and_refusals() {
         Some(&oidc_config(kc, &realm, false, false)),
     )
     .await;
-    create_client(&lab, "alice-dev", "kc:alice").await;
+    create_client(&lab, "alice", "kc:alice").await;
     let _exporter = lab.start_exporter(1);
     lab.wait_available("registered, online and available").await;
 
@@ -1023,12 +1041,12 @@ async fn oidc_jmp_login_lease_and_refusals() {
     let (code, page) = http_get(lab.login_port, "/").await.unwrap();
     assert!(code == 200 && page.contains(&realm.issuer), "{page}");
 
-    // `jmp login alice-dev@<login service>` with the password grant, as a user runs it.
+    // `jmp login alice@<login service>` with the password grant, as a user runs it.
     let (ok, out, err) = lab
         .jmp_raw(
             &[
                 "login".into(),
-                format!("alice-dev@http://127.0.0.1:{}", lab.login_port),
+                format!("alice@http://127.0.0.1:{}", lab.login_port),
                 "--username".into(),
                 "alice".into(),
                 "--password".into(),
@@ -1047,13 +1065,13 @@ async fn oidc_jmp_login_lease_and_refusals() {
     let alice_cfg = lab
         .dir
         .path()
-        .join("home/.config/jumpstarter/clients/alice-dev.yaml");
+        .join("home/.config/jumpstarter/clients/alice.yaml");
     let saved: serde_json::Value = serde_saphyr::from_str(
         &std::fs::read_to_string(&alice_cfg).expect("jmp login saved no config"),
     )
     .unwrap();
     assert_eq!(saved["endpoint"], format!("localhost:{}", lab.grpc_port));
-    assert_eq!(saved["metadata"]["name"], "alice-dev");
+    assert_eq!(saved["metadata"]["name"], "alice");
     assert_eq!(saved["metadata"]["namespace"], lab.env.ns.as_str());
     let alice = saved["token"].as_str().unwrap().to_string();
     assert_eq!(keycloak_claim(&alice, "iss"), realm.issuer);
@@ -1089,7 +1107,7 @@ async fn oidc_jmp_login_lease_and_refusals() {
             .spec
             .client_ref
             .name,
-        "alice-dev"
+        "alice"
     );
     lab.wait_exporter(TIMEOUT, "leased and ready", |e| {
         lease_ref(e).as_deref() == Some(lease_name.as_str())
@@ -1147,17 +1165,17 @@ async fn oidc_jmp_login_lease_and_refusals() {
     .unwrap();
     let taken = Instant::now();
     assert_eq!(
-        list_as(&lab, &alice, "alice-dev").await.unwrap(),
+        list_as(&lab, &alice, "alice").await.unwrap(),
         vec![EXPORTER.to_string()]
     );
     refused(
-        list_as(&lab, &foreign, "alice-dev").await,
+        list_as(&lab, &foreign, "alice").await,
         Code::Unauthenticated,
         "issuer is not trusted",
         "another realm",
     );
     refused(
-        list_as(&lab, &wrong_aud, "alice-dev").await,
+        list_as(&lab, &wrong_aud, "alice").await,
         Code::Unauthenticated,
         "audience is wrong",
         "another audience",
@@ -1168,26 +1186,38 @@ async fn oidc_jmp_login_lease_and_refusals() {
         bob.rsplit_once('.').unwrap().1
     );
     refused(
-        list_as(&lab, &forged, "alice-dev").await,
+        list_as(&lab, &forged, "alice").await,
         Code::Unauthenticated,
         "signature does not verify",
         "a forged signature",
     );
+    // An external identity names the object its username stands for, or leaves the name empty
+    // for it to be derived (upstream v0.9.0); any other name is refused.
+    assert_eq!(
+        list_as(&lab, &alice, "").await.unwrap(),
+        vec![EXPORTER.to_string()]
+    );
     refused(
-        list_as(&lab, &bob, "alice-dev").await,
-        Code::PermissionDenied,
-        "not authorized",
+        list_as(&lab, &alice, "alice-dev").await,
+        Code::InvalidArgument,
+        "resource name mismatch",
+        "alice naming another object",
+    );
+    refused(
+        list_as(&lab, &bob, "alice").await,
+        Code::InvalidArgument,
+        "resource name mismatch",
         "bob as alice's Client",
     );
     refused(
-        list_as(&lab, &bob, "bob-dev").await,
+        list_as(&lab, &bob, "bob").await,
         Code::PermissionDenied,
         "not authorized",
         "bob with no Client",
     );
     let sa = service_account_token(&lab, "ci");
     refused(
-        list_as(&lab, &sa, "alice-dev").await,
+        list_as(&lab, &sa, "alice").await,
         Code::Unauthenticated,
         "issuer is not trusted",
         "a ServiceAccount token, k8s off",
@@ -1196,7 +1226,7 @@ async fn oidc_jmp_login_lease_and_refusals() {
         Duration::from_secs(1) + ucm::exporter::auth::oidc::CLOCK_SKEW + Duration::from_secs(1);
     tokio::time::sleep(due.saturating_sub(taken.elapsed())).await;
     refused(
-        list_as(&lab, &short, "alice-dev").await,
+        list_as(&lab, &short, "alice").await,
         Code::Unauthenticated,
         "expired",
         "an expired token",
@@ -1225,12 +1255,12 @@ async fn oidc_jmp_login_lease_and_refusals() {
     eventually(
         TIMEOUT,
         "a token signed with the rotated key to be accepted",
-        || async { list_as(&lab, &fresh, "alice-dev").await.is_ok() },
+        || async { list_as(&lab, &fresh, "alice").await.is_ok() },
     )
     .await;
     eprintln!("rotated key accepted after {:?}", rotated.elapsed());
     refused(
-        list_as(&lab, &alice, "alice-dev").await,
+        list_as(&lab, &alice, "alice").await,
         Code::Unauthenticated,
         "unknown key",
         "the removed key",
@@ -1286,24 +1316,25 @@ async fn oidc_provisioning_and_service_account_tokens() {
     .unwrap();
     let clients: Api<ucm::exporter::crd::Client> =
         Api::namespaced(lab.env.client.clone(), &lab.env.ns);
-    assert!(clients.get_opt("carol-dev").await.unwrap().is_none());
+    assert!(clients.get_opt("carol").await.unwrap().is_none());
+    // `jmp login --name ""` sends an empty name: it is derived from the username kc:carol.
     assert_eq!(
-        list_as(&lab, &carol, "carol-dev").await.unwrap(),
+        list_as(&lab, &carol, "").await.unwrap(),
         vec![EXPORTER.to_string()]
     );
     let made = clients
-        .get("carol-dev")
+        .get("carol")
         .await
         .expect("the Client was not provisioned");
     assert_eq!(made.spec.username.as_deref(), Some("kc:carol"));
     // A provisioned Client is an ordinary one: the reconciler mints its credential.
     let secrets: Api<Secret> = Api::namespaced(lab.env.client.clone(), &lab.env.ns);
-    secret_data(&secrets, "carol-dev-client", "token").await;
+    secret_data(&secrets, "carol-client", "token").await;
     // The internal Client "dev" is someone else's: carol cannot take it over.
     refused(
         list_as(&lab, &carol, CLIENT).await,
-        Code::PermissionDenied,
-        "not authorized",
+        Code::InvalidArgument,
+        "resource name mismatch",
         "carol as dev",
     );
 
