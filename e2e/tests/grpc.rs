@@ -471,10 +471,15 @@ async fn register_report_and_auth_with_protocol_stubs() {
         .await;
 
     let logs = mgr.logs();
-    assert!(
-        logs.contains("gRPC call refused"),
-        "the refusals are logged (without credentials)"
-    );
+    // Logged at info as upstream logs them, with the caller's address (without credentials).
+    for who in ["exporter", "client"] {
+        let line = logs
+            .lines()
+            .find(|l| l.contains(&format!("{who} authentication failed")))
+            .unwrap_or_else(|| panic!("no '{who} authentication failed' in the manager log"));
+        assert!(line.contains("peer=127.0.0.1:"), "{line}");
+        assert!(line.contains("INFO"), "{line}");
+    }
     for t in tokens
         .values()
         .chain([&foreign, &expired, &c1_token, &other_token])
