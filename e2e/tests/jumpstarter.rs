@@ -154,6 +154,25 @@ fn start_router(
     }
 }
 
+/// `jmp run --exporter-config <cfg>`, its output in `<dir>/<log>`.
+fn jmp_run(venv: &Path, dir: &Path, cfg: &Path, log: &str) -> ExporterProc {
+    let log_path = dir.join(log);
+    let out = std::fs::File::create(&log_path).unwrap();
+    let child = py_cmd(venv, dir, "jmp")
+        .arg("run")
+        .arg("--exporter-config")
+        .arg(cfg)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("start jmp run");
+    ExporterProc {
+        child: Some(child),
+        log: log_path,
+    }
+}
+
 /// A jumpstarter command with a private HOME (no user config leaks in) and no JMP_* variables.
 fn py_cmd(venv: &Path, dir: &Path, bin: &str) -> Command {
     let mut cmd = Command::new(venv.join("bin").join(bin));
@@ -348,22 +367,12 @@ impl Lab {
     }
 
     fn start_exporter(&self, n: usize) -> ExporterProc {
-        let log_path = self.dir.path().join(format!("exporter-{n}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
-        let child = self
-            .py_cmd("jmp")
-            .arg("run")
-            .arg("--exporter-config")
-            .arg(&self.exporter_cfg)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start jmp run");
-        ExporterProc {
-            child: Some(child),
-            log: log_path,
-        }
+        jmp_run(
+            &self.venv,
+            self.dir.path(),
+            &self.exporter_cfg,
+            &format!("exporter-{n}.log"),
+        )
     }
 
     /// Runs `jmp <args> --client-config <cfg>`; returns (success, stdout, stderr).

@@ -302,21 +302,7 @@ async fn a_lab_built_by_upstream_switches_to_ucm() {
                 "export": {"power": {"type": "jumpstarter_driver_power.driver.MockPower"}},
             }),
         );
-        let log_path = dir.path().join(format!("{board}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
-        let child = py_cmd(&venv, dir.path(), "jmp")
-            .arg("run")
-            .arg("--exporter-config")
-            .arg(&cfg)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start jmp run");
-        procs.push(ExporterProc {
-            child: Some(child),
-            log: log_path,
-        });
+        procs.push(jmp_run(&venv, dir.path(), &cfg, &format!("{board}.log")));
     }
     let reconnect = Instant::now();
     for board in ["board-a", "board-b"] {
