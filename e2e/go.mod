@@ -197,7 +197,7 @@ tool (
 )
 
 // Generated from k8s.io/kubernetes v1.37.2 go.mod: every staging module required at
-// v0.0.0 is replaced by its published tag v0.37.2 (see spec local-cluster.md §2.2).
+// v0.0.0 is replaced by its published tag v0.37.2 (see e2e/README-kharness.md, "Module").
 replace (
 	k8s.io/api => k8s.io/api v0.37.2
 	k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.37.2

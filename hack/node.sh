@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A real node for the local control plane (issue 20): `hack/node.sh up|down|status`.
+# A real node for the local control plane (README, "The image and a real node"):
+# `hack/node.sh up|down|status`.
 #
 # up:   a control plane of its own (kharness serve --with-kcm, plus a second `kharness kcm` with the
 #       workload controllers and kube-scheduler), and one node: containerd 1.6 + runc + kubelet

@@ -215,7 +215,7 @@ fn replace(field: &mut String, value: &str) -> bool {
 
 // KubeVirt's condition shape (`VirtualMachineExportCondition` and friends): no
 // observedGeneration, and a `lastProbeTime` that KubeVirt always leaves null (ucm leaves it out).
-// The doc comments are the VirtualMachineExport seed's: they become `kubectl explain` text.
+// The doc comments are upstream VirtualMachineExport CRD's: they become `kubectl explain` text.
 /// Condition defines conditions
 #[derive(kube::KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -312,7 +312,7 @@ pub fn status_changed<S: Serialize>(observed: Option<&S>, desired: &S) -> bool {
 
 /// The `[]metav1.Condition` schema as controller-gen renders it, shared by every CRD with
 /// metav1 conditions. Contracts differ in one sentence of `lastTransitionTime`'s description
-/// (upstream Jumpstarter has a double space where the Miroir seed has one), so it is a parameter.
+/// (upstream Jumpstarter has a double space where upstream Miroir has one), so it is a parameter.
 pub fn metav1_schema(transition_description: &str) -> Schema {
     json_schema!({
         "type": "array",

@@ -1,4 +1,4 @@
-//! Phase `bulk` (issue 9, items 1, 2, 3 first half, 7). Per run:
+//! Phase `bulk` (README, "Benchmarks"). Per run:
 //! 1. References with a bare client (the bench's admin client): create and status-patch the same
 //!    number of Exporters, VirtualMachineExports and MiroirSnapshots, timed until a watch has
 //!    seen every patched status; then delete them.
@@ -61,7 +61,7 @@ impl Scale {
 
 /// The shipped defaults, as `config/default` deploys the manager: leader election on (default
 /// Lease name and durations) and the default reconcile concurrency. Every phase measures what
-/// users run (issue 15); the Lease's own renewals are counted apart in the idle figures.
+/// users run; the Lease's own renewals are counted apart in the idle figures.
 pub fn manager_args() -> Vec<String> {
     let mut args = vec!["--leader-elect".to_string()];
     // `UCM_BENCH_MANAGER_ARGS` (space-separated) adds flags, e.g. to compare worker counts when

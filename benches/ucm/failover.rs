@@ -1,9 +1,9 @@
-//! Phase `failover` (issue 9 item 5): two managers with `--leader-elect` and the default lease
-//! settings (15 s / 10 s / 2 s). The leader gets SIGTERM or SIGKILL; measured from the signal to
-//! the standby's first write, which is its Lease takeover (the `acquireTime` it writes, on the
+//! Phase `failover` (README, "Benchmarks"): two managers with `--leader-elect` and the default
+//! lease settings (15 s / 10 s / 2 s). The leader gets SIGTERM or SIGKILL; measured from the signal
+//! to the standby's first write, which is its Lease takeover (the `acquireTime` it writes, on the
 //! same host clock), and to its first reconcile write: an Exporter created right after the signal
-//! gets its status from the new leader. The signalled manager is replaced by a new standby
-//! before the next sample.
+//! gets its status from the new leader. The signalled manager is replaced by a new standby before
+//! the next sample.
 
 use std::time::{Duration, Instant, SystemTime};
 

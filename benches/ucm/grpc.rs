@@ -1,4 +1,4 @@
-//! Phase `grpc` (issue 9 item 3 second half and item 4 first half; issue 5's benchmark):
+//! Phase `grpc` (README, "Benchmarks"):
 //! 1,000 simulated exporters — a Rust client over the compiled jumpstarter.v1 stubs, each with
 //! its own TLS connection and the token ucm minted into its credential Secret — Register, open a
 //! Status stream and report Available, as the real exporter does. With every stream held, the

@@ -1,8 +1,8 @@
-//! Phase `leases` (issue 17): the exporter feature at the load the upstream Go controller was
-//! measured with (`../shared/reference/peer-figures.md`), each figure next to the Go figure as a
-//! stated reference and, where one exists, a bare client measured in the same run. Per run, on a
-//! fresh control plane and a manager with the shipped defaults (every feature, leader election,
-//! the default worker count):
+//! Phase `leases` (README, "Benchmarks"): the exporter feature at the load the upstream Go
+//! controller was measured with (jumpstarter b1f2bb41, 2026-12-01), each figure next to the Go
+//! figure as a stated reference and, where one exists, a bare client measured in the same run. Per
+//! run, on a fresh control plane and a manager with the shipped defaults (every feature, leader
+//! election, the default worker count):
 //! 1. idle RSS at /readyz + 20 s with the CRDs installed and no objects;
 //! 2. 5,000 Exporters in one namespace, create → every final status; RSS 5 s later;
 //! 3. 500 Clients, create → credential;
@@ -42,14 +42,14 @@ use crate::steps::{
 const PHASE: &str = "leases";
 const NS: &str = "bench";
 /// The label only the online Exporters carry; every Lease selects it, so each Lease can take any
-/// free online Exporter (peer-figures.md does not say which selector the reference used).
+/// free online Exporter (the Go controller's measurement does not say which selector it used).
 const POOL: &str = "ucm-bench-pool";
 const ONLINE: &str = "online";
 /// The reference's status patch interval; the offline threshold is 60 s.
 const REFRESH: Duration = Duration::from_secs(20);
 const IDLE: Duration = Duration::from_secs(20);
 
-/// The Go controller's figures at N = 5,000 (peer-figures.md).
+/// The Go controller's figures at N = 5,000 (jumpstarter b1f2bb41, measured 2026-12-01).
 const GO_BULK_RATE: f64 = 170.0;
 const GO_REQUESTS: f64 = 4.0;
 const GO_WRITES: f64 = 4.0;
@@ -135,7 +135,8 @@ fn lease_ended(l: &Lease) -> bool {
     l.status.as_ref().is_some_and(|s| s.ended)
 }
 
-/// What a running exporter's status holds (peer-figures.md: `lastSeen`, `exporterStatus:
+/// What a running exporter's status holds (as in the Go controller's measurement: `lastSeen`,
+/// `exporterStatus:
 /// Available`, one device), written as one merge patch. Conditions are the manager's to derive
 /// (Registered from `devices`, Online from a recent `lastSeen` and a status other than Offline),
 /// as the reference left them to the Go controller; ucm's own gRPC path derives them in the
@@ -209,9 +210,9 @@ fn fail(what: &str, problems: &[String]) {
     }
 }
 
-/// The correctness check (peer-figures.md: "every Secret present with a token and a controller
-/// owner reference; no exporter held two leases"), plus: every active Lease is on an online
-/// exporter. Panics with the first problems.
+/// The correctness check (the Go controller's measurement: "every Secret present with a token and a
+/// controller owner reference; no exporter held two leases"), plus: every active Lease is on an
+/// online exporter. Panics with the first problems.
 async fn check(c: &kube::Client, assigned: usize) {
     let lp = ListParams::default();
     let leases = Api::<Lease>::namespaced(c.clone(), NS)

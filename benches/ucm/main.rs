@@ -1,5 +1,5 @@
-//! `make bench` (issue 9): the ucm benchmark driver. Cargo builds it with the `bench` profile
-//! (release settings), so `CARGO_BIN_EXE_ucm` is the optimised binary every phase runs.
+//! `make bench` (README, "Benchmarks"): the ucm benchmark driver. Cargo builds it with the `bench`
+//! profile (release settings), so `CARGO_BIN_EXE_ucm` is the optimised binary every phase runs.
 //!
 //! It starts its own control plane (with an API server audit log), runs the phases named by
 //! `UCM_BENCH_ONLY` (comma-separated; default: all), and merges the figures into

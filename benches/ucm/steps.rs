@@ -58,7 +58,8 @@ pub fn now_str() -> String {
         .to_string()
 }
 
-/// An Exporter's final status: its credential and an `Online` condition (peer-figures.md).
+/// An Exporter's final status: its credential and an `Online` condition (as the Go controller's
+/// measurement defines it).
 pub fn exporter_done(e: &Exporter) -> bool {
     e.status.as_ref().is_some_and(|s| {
         s.credential.is_some() && s.conditions.iter().flatten().any(|c| c.type_ == "Online")

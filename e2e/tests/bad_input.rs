@@ -1,5 +1,5 @@
-//! Bad input (issue 10, item 2) against the local control plane, with one manager running every
-//! feature:
+//! Bad input (README, "Reliability") against the local control plane, with one manager running
+//! every feature:
 //! - the schema table: for each CRD ucm installs, every invalid shape its schema must refuse
 //!   (wrong enums, bad patterns, immutable fields, over-long strings, missing required fields,
 //!   wrong types, out-of-range numbers), checked against the API server's message;

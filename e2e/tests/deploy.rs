@@ -1,5 +1,5 @@
-//! What platform teams install (issue 8): the kustomize tree in `config/`, the Helm chart in
-//! `deploy/chart/ucm`, and the RBAC both ship.
+//! What platform teams install (deploy/README.md, "How this is tested"): the kustomize tree in
+//! `config/`, the Helm chart in `deploy/chart/ucm`, and the RBAC both ship.
 //!
 //! Plain tests (part of `cargo test`, no cluster): the CRD copies in `config/crd/<feature>/` and
 //! the chart's `files/crds/<feature>/` are exactly what the Rust types generate

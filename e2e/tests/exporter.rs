@@ -1,6 +1,6 @@
 //! The exporter feature against the local control plane, with `ucm manager` as a subprocess.
 //! Tests act as an exporter would by patching Exporter status the way the gRPC service will.
-//! Spec: `../shared/spec/exporter.md` (its §11 item numbers are quoted as A<n>).
+//! Design: docs/exporter.md.
 
 mod credentials;
 mod idle;

@@ -1,5 +1,5 @@
-//! Fault tests (issue 10): what clusters do to a controller manager, against the real local
-//! control plane, with every feature mid-work when the fault hits.
+//! Fault tests (README, "Reliability"): what clusters do to a controller manager, against the real
+//! local control plane, with every feature mid-work when the fault hits.
 //!
 //! - The API server restarts (etcd data kept) on a control plane of the test's own.
 //! - The leader is SIGKILLed with a warm standby; a monitor records any state a single leader
@@ -359,8 +359,8 @@ async fn snapshot_agent_killed_holding_its_barrier_recovers() {
     let published = w
         .assert_snapshot_published(&snap, &["a", "b", "c"], &data, SETTLE)
         .await;
-    // No leg cut in the round that could not complete (I1): every cut follows the void, and
-    // each leg's last cut belongs to the published round.
+    // No leg cut in the round that could not complete (I1, docs/snapshot.md, "Invariants"): every
+    // cut follows the void, and each leg's last cut belongs to the published round.
     let ns_of = |t: &str| t.parse::<jiff::Timestamp>().unwrap().as_nanosecond() as u128;
     let void_ns = ns_of(
         voided
@@ -420,11 +420,12 @@ async fn wait_hook(w: &World, name: &str, phase: HookPhase, attempts: i64) {
     .await;
 }
 
-/// An exporter killed mid-hook (spec §5, #242), speaking the protocol as a recording exporter
-/// does. Killed during beforeLease: it is marked Offline within the threshold, its lease is not
-/// ended, and after a restart the record (Register's headers) says the hook was cut off; the
-/// re-run counts as a second attempt. Killed during afterLease: the next lease waits through
-/// the outage, the restart and the re-run, and is assigned once the exporter reports it done.
+/// An exporter killed mid-hook (docs/exporter.md, "Lease hooks: the record"; upstream #242),
+/// speaking the protocol as a recording exporter does. Killed during beforeLease: it is marked
+/// Offline within the threshold, its lease is not ended, and after a restart the record (Register's
+/// headers) says the hook was cut off; the re-run counts as a second attempt. Killed during
+/// afterLease: the next lease waits through the outage, the restart and the re-run, and is assigned
+/// once the exporter reports it done.
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn exporter_killed_mid_hook_recovers() {

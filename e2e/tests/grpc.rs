@@ -1,14 +1,14 @@
-//! The Jumpstarter protocol (exporter.md §7): the wire schema against the published package,
-//! `ucm router`, and the controller gRPC service with the real `jumpstarter` 0.9.0 packages
-//! installed by `hack/jumpstarter-venv.sh` (the test setup installs them itself; a missing
-//! prerequisite fails the test).
+//! The Jumpstarter protocol (docs/exporter.md, "The gRPC server" and after): the wire schema
+//! against the published package, `ucm router`, and the controller gRPC service with the real
+//! `jumpstarter` 0.9.0 packages installed by `hack/jumpstarter-venv.sh` (the test setup installs
+//! them itself; a missing prerequisite fails the test).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use crate::common::*;
 
-/// A35: the committed descriptor set equals a fresh extraction from jumpstarter-protocol 0.9.0
+/// The committed descriptor set equals a fresh extraction from jumpstarter-protocol 0.9.0
 /// (reflection serving those bytes verbatim is a unit test in `exporter::proto`).
 #[test]
 #[ignore = "e2e: installs the pinned jumpstarter packages from PyPI"]
@@ -220,20 +220,19 @@ impl Lab {
     }
 }
 
-/// A27/A29/A33 with the published stubs: Register sets devices and `jumpstarter.dev/*` labels
-/// and returns the uid, ReportStatus makes the Exporter Online/Available, and those gRPC writes
-/// emit the ExporterRegistered/ExporterOnline events themselves (§4.7.2). Refusals, with the
-/// codes upstream's `authentication/bearer.go`, `authorization/metadata.go` and
-/// `oidc/token.go` give: another exporter's token (PermissionDenied), an expired token and a
-/// token signed by another key (Unauthenticated; upstream answers a failed verification with a
-/// plain error, i.e. Unknown, and the issue asks for Unauthenticated), missing `jumpstarter-*`
-/// metadata (InvalidArgument), no `authorization` (Unauthenticated), a non-Bearer one
-/// (InvalidArgument), a Client calling an Exporter RPC (PermissionDenied, as ucm's ClientService
-/// refuses an exporter credential; upstream says InvalidArgument "object kind mismatch"), and a
-/// Client identity from another namespace, both claiming the same-named
-/// Client here and its own unwatched namespace (PermissionDenied). The right Client token is
-/// served, so the refusals are about the credentials. No token text reaches the manager log or
-/// an error, and no error names a credential Secret.
+/// With the published stubs: Register sets devices and `jumpstarter.dev/*` labels and returns the
+/// uid, ReportStatus makes the Exporter Online/Available, and those gRPC writes emit the
+/// ExporterRegistered/ExporterOnline events themselves (docs/exporter.md, "Events"). Refusals, with
+/// the codes upstream's `authentication/bearer.go`, `authorization/metadata.go` and `oidc/token.go`
+/// give: another exporter's token (PermissionDenied), an expired token and a token signed by
+/// another key (Unauthenticated; upstream answers a failed verification with a plain error, i.e.
+/// Unknown; ucm answers Unauthenticated), missing `jumpstarter-*` metadata
+/// (InvalidArgument), no `authorization` (Unauthenticated), a non-Bearer one (InvalidArgument), a
+/// Client calling an Exporter RPC (PermissionDenied, as ucm's ClientService refuses an exporter
+/// credential; upstream says InvalidArgument "object kind mismatch"), and a Client identity from
+/// another namespace, both claiming the same-named Client here and its own unwatched namespace
+/// (PermissionDenied). The right Client token is served, so the refusals are about the credentials.
+/// No token text reaches the manager log or an error, and no error names a credential Secret.
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane and the pinned jumpstarter packages"]
 async fn register_report_and_auth_with_protocol_stubs() {
@@ -304,7 +303,7 @@ async fn register_report_and_auth_with_protocol_stubs() {
     let out = lab.register_and_report("e1", &tokens["e1"], "nometa").await;
     assert!(out.contains("ERROR INVALID_ARGUMENT"), "{out}");
 
-    // §4.7.2: the gRPC writes persisted Registered and Online, so they emitted the events.
+    // The gRPC writes persisted Registered and Online, so they emitted the events.
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(env.client.clone(), &env.ns);
     eventually(TIMEOUT, "events from the gRPC writes", || {
@@ -528,10 +527,10 @@ fn counter(metrics: &str, series: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {series} in metrics"))
 }
 
-/// §7.4 with T = 6 s (so W = 2 s): an idle exporter holding two Status streams stays Online and
-/// Available throughout while `lastSeen` is persisted at most once per W (one exporter's budget,
-/// not two streams' worth), each heartbeat is a lastSeen-only write that leaves the reconciler
-/// nothing to write, and `lastSeen` keeps advancing.
+/// docs/exporter.md, "Heartbeats", with T = 6 s (so W = 2 s): an idle exporter holding two Status
+/// streams stays Online and Available throughout while `lastSeen` is persisted at most once per W
+/// (one exporter's budget, not two streams' worth), each heartbeat is a lastSeen-only write that
+/// leaves the reconciler nothing to write, and `lastSeen` keeps advancing.
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane and the pinned jumpstarter packages"]
 async fn heartbeats_persist_last_seen_once_per_interval() {

@@ -1,14 +1,14 @@
-//! Lease hooks (exporter.md §5, §11 A38–A40) with real peers: the `jumpstarter` 0.9.0 exporter
-//! (`jmp run`, MockPower driver, beforeLease/afterLease hooks from its ExporterConfig) and, for
-//! the restart contract no released exporter implements yet (rule 5.5.3), a scripted exporter
-//! on the `jumpstarter-protocol` 0.9.0 stubs. Leases are applied with kubectl as a user would.
-//! The pinned packages come from PyPI through `hack/jumpstarter-venv.sh`; a missing
-//! prerequisite fails the test.
+//! Lease hooks (docs/exporter.md, "Lease hooks: the record" and the sections after it) with real
+//! peers: the `jumpstarter` 0.9.0 exporter (`jmp run`, MockPower driver, beforeLease/afterLease
+//! hooks from its ExporterConfig) and, for the restart contract no released exporter implements yet
+//! ("Lease hooks: metadata"), a scripted exporter on the `jumpstarter-protocol` 0.9.0 stubs. Leases
+//! are applied with kubectl as a user would. The pinned packages come from PyPI through
+//! `hack/jumpstarter-venv.sh`; a missing prerequisite fails the test.
 //!
-//! 0.9.0 runs hooks but never sends the record declaration (rule 5.1.1). The record test runs
-//! that same exporter with one change: a launcher adds the declaration header to its calls
-//! (`DECLARING_LAUNCHER`), so ucm keeps the record from what the exporter reports. The failure
-//! test runs the exporter exactly as users do.
+//! 0.9.0 runs hooks but never sends the record declaration ("Lease hooks: the record"). The record
+//! test runs that same exporter with one change: a launcher adds the declaration header to its
+//! calls (`DECLARING_LAUNCHER`), so ucm keeps the record from what the exporter reports. The
+//! failure test runs the exporter exactly as users do.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -73,7 +73,7 @@ impl Drop for ExporterProc {
 }
 
 /// Runs the real 0.9.0 `jmp` with one change: every call carries the record declaration
-/// `jumpstarter-records-lease-hooks: v1` (rule 5.1.1), which 0.9.0 does not send by itself.
+/// `jumpstarter-records-lease-hooks: v1`, which 0.9.0 does not send by itself.
 /// Everything else (registration, Status stream, hooks, reports, release) is the package's code.
 const DECLARING_LAUNCHER: &str = r#"
 import sys, grpc
@@ -316,11 +316,11 @@ fn statuses(history: &[Snapshot]) -> Vec<Option<S>> {
     out
 }
 
-/// A38 with the real exporter: a hooks configuration runs beforeLease when the lease starts and
-/// afterLease when it ends; the Exporter shows BeforeLeaseHook → LeaseReady → AfterLeaseHook →
-/// Available, and every one of those writes carries the matching record (Running, Succeeded),
-/// ending with both hooks Succeeded after one attempt for this lease's UID and client. The hook
-/// scripts saw LEASE_NAME and CLIENT_NAME.
+/// The record's transitions with the real exporter: a hooks configuration runs beforeLease when the
+/// lease starts and afterLease when it ends; the Exporter shows BeforeLeaseHook → LeaseReady →
+/// AfterLeaseHook → Available, and every one of those writes carries the matching record (Running,
+/// Succeeded), ending with both hooks Succeeded after one attempt for this lease's UID and client.
+/// The hook scripts saw LEASE_NAME and CLIENT_NAME.
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane and the pinned jumpstarter packages"]
 async fn hooks_real_exporter_status_sequence_and_record() {
@@ -429,7 +429,7 @@ async fn hooks_real_exporter_status_sequence_and_record() {
 /// `onFailure: endLease` ends the lease (the exporter releases it; the Lease shows
 /// Ready=False/Released), the Exporter goes BeforeLeaseHook → BeforeLeaseHookFailed → Available
 /// without a leaseRef, the afterLease hook is skipped, and a non-declaring exporter gets no
-/// record (rule 5.1.5).
+/// record (docs/exporter.md, "Lease hooks: the record").
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane and the pinned jumpstarter packages"]
 async fn hooks_failing_before_lease_with_end_lease_ends_the_lease() {
@@ -527,10 +527,11 @@ async fn hooks_failing_before_lease_with_end_lease_ends_the_lease() {
     drop(lab.mgr);
 }
 
-/// A scripted exporter on the 0.9.0 stubs that follows the recording contract (rule 5.5.3). Each
-/// run is one exporter process: it registers (declaring), prints the acknowledgement and the
-/// record from the Register headers, optionally opens the Status stream and prints its record
-/// header and first message, then sends the given reports. Prints `ERROR <code>` on failure.
+/// A scripted exporter on the 0.9.0 stubs that follows the recording contract (docs/exporter.md,
+/// "Lease hooks: metadata"). Each run is one exporter process: it registers (declaring), prints the
+/// acknowledgement and the record from the Register headers, optionally opens the Status stream and
+/// prints its record header and first message, then sends the given reports. Prints `ERROR <code>`
+/// on failure.
 const SCRIPTED: &str = r#"
 import sys, json, grpc
 from jumpstarter_protocol.jumpstarter.v1 import jumpstarter_pb2 as pb, jumpstarter_pb2_grpc as rpc, common_pb2
@@ -569,7 +570,7 @@ except grpc.RpcError as e:
     print("ERROR", e.code().name, e.details())
 "#;
 
-/// A40 (and A36, A39): the record survives exporter restarts and is what a restarted exporter
+/// The record survives exporter restarts and is what a restarted exporter
 /// reads. After beforeLease succeeded, a "restarted" scripted exporter reads it from Register and
 /// Status, does not re-run the hook (LEASE_READY leaves attempts at 1); once the lease ended, a
 /// new lease stays Pending/NotReady naming the owed afterLease; the next restart reads the owed

@@ -1,4 +1,4 @@
-//! Real peers (exporter.md §11 A42/A43): `ucm manager` (exporter feature), `ucm router`, the
+//! Real peers (docs/exporter.md): `ucm manager` (exporter feature), `ucm router`, the
 //! `jumpstarter` 0.9.0 exporter (`jmp run` with a MockPower driver) and the `jmp` 0.9.0 client,
 //! all as local processes against the local control plane; `jmp admin` creates the Exporter and
 //! the Client and writes their configs from what ucm minted. The pinned packages come from PyPI
@@ -459,7 +459,7 @@ impl Lab {
     }
 }
 
-/// A42: the real exporter registers (Registered, Online, Available, devices listed); `jmp`
+/// The real exporter registers (Registered, Online, Available, devices listed); `jmp`
 /// lists it, creates a lease by selector and gets it; `j power read` runs client → `ucm router`
 /// → exporter and back; releasing the lease returns the exporter to Available without a
 /// leaseRef; SIGTERM makes the exporter unregister, which marks it Offline at once.
@@ -626,7 +626,7 @@ async fn real_exporter_and_jmp_lease_round_trip() {
     }
 }
 
-/// A43: a SIGKILLed exporter says nothing; it is marked Offline by the threshold (here 5 s) about
+/// A SIGKILLed exporter says nothing; it is marked Offline by the threshold (here 5 s) about
 /// one second after it is due, and comes back Online when it restarts.
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane and the pinned jumpstarter packages"]
@@ -895,7 +895,7 @@ async fn client_service_rules_request_lease_and_rotate_token() {
     }
 }
 
-// ---- OIDC, ServiceAccount tokens, provisioning and `jmp login` (issue 19) ----
+// ---- OIDC, ServiceAccount tokens, provisioning and `jmp login` ----
 
 /// The ConfigMap's `config` trusting `realm` (usernames `kc:<preferred_username>`, Keycloak's CA
 /// as `certificateAuthority`).
@@ -998,7 +998,7 @@ fn refused(r: Result<Vec<String>, tonic::Status>, code: tonic::Code, reason: &st
     assert!(e.message().contains(reason), "{what}: {e:?}");
 }
 
-/// Issue 19: the login service tells `jmp login` where to go; the real `jmp` 0.9.0 signs in to
+/// The login service tells `jmp login` where to go; the real `jmp` 0.9.0 signs in to
 /// Keycloak with the password grant and then lists exporters, leases one and runs `j power read`
 /// through `ucm router` as that user. Tokens from another realm (issuer), for another audience,
 /// expired, with a forged signature, or of a user with no Client, and a ServiceAccount token while
@@ -1292,7 +1292,7 @@ async fn oidc_jmp_login_lease_and_refusals() {
     eprintln!("lab stopped in {:?}", stopping.elapsed());
 }
 
-/// Issue 19: with `provisioning.enabled`, a signed-in user naming a Client that does not exist
+/// With `provisioning.enabled`, a signed-in user naming a Client that does not exist
 /// gets one (spec.username = their username, credentials minted as for any Client); with
 /// `authentication.k8s.enabled`, a ServiceAccount token is accepted through a TokenReview for the
 /// Client whose username is the ServiceAccount's, and a token the API server rejects is refused.
@@ -1391,7 +1391,7 @@ fn keycloak_claim(token: &str, claim: &str) -> String {
     v[claim].as_str().unwrap_or_default().to_string()
 }
 
-/// Issue 19's invalid configuration forms: each keeps the exporter feature unready with a
+/// Invalid authentication configurations: each keeps the exporter feature unready with a
 /// readiness message naming the field (the manager keeps running and re-reads the ConfigMap),
 /// and a fixed ConfigMap makes it ready. One manager walks through every form.
 #[tokio::test]

@@ -1,6 +1,7 @@
-//! ucm as a user runs it, on the local node (issue 20): the image from `make image` on a real
-//! kubelet and containerd, config/default applied with kubectl exactly as shipped, Services
-//! through kube-proxy, names through CoreDNS, PVCs through the local-path provisioner.
+//! ucm as a user runs it, on the local node (README, "The image and a real node"): the image from
+//! `make image` on a real kubelet and containerd, config/default applied with kubectl exactly as
+//! shipped, Services through kube-proxy, names through CoreDNS, PVCs through the local-path
+//! provisioner.
 //!
 //! These tests need the node: `hack/node-check.sh` (`make node-check`; in `make test` as
 //! `make node-e2e`, with the image from a debug build) brings it up, names its kubeconfig in `UCM_NODE_KUBECONFIG`, runs this area, and then proves

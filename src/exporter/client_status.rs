@@ -1,5 +1,5 @@
-//! Pure derivation of the Client status (spec §3.4): credential, endpoint, `tokenExpiresAt`,
-//! `TokenExpiring`, the next threshold wake-up, and the events.
+//! Pure derivation of the Client status (docs/exporter.md, "The Client pass"): credential,
+//! endpoint, `tokenExpiresAt`, `TokenExpiring`, the next threshold wake-up, and the events.
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

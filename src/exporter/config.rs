@@ -1,7 +1,7 @@
-//! The optional ConfigMap `jumpstarter-controller` in the manager's namespace (spec §9): key
-//! `config` (strict YAML in upstream's schema), the legacy key `authentication` (upstream's
-//! `AuthenticationConfiguration`, used when `config` is absent) and key `router`. Absent means
-//! the defaults. Pure: the caller reads the ConfigMap.
+//! The optional ConfigMap `jumpstarter-controller` in the manager's namespace (docs/exporter.md,
+//! "Settings and RBAC"): key `config` (strict YAML in upstream's schema), the legacy key
+//! `authentication` (upstream's `AuthenticationConfiguration`, used when `config` is absent) and
+//! key `router`. Absent means the defaults. Pure: the caller reads the ConfigMap.
 //!
 //! The reconcilers use `authentication.internal.tokenLifetime`; the rest is parsed and validated
 //! here for the gRPC service (prefix, external issuers, ServiceAccount tokens, provisioning,
@@ -449,8 +449,9 @@ fn apply_config(
     Ok(())
 }
 
-/// Rule 7.5.2: the router for an exporter with `labels`. One router is always chosen; with several
-/// (OURS) the one whose labels match most of the exporter's, ties by name. None: no `router` key.
+/// docs/exporter.md, "Dial and Listen": the router for an exporter with `labels`. One router is
+/// always chosen; with several (OURS) the one whose labels match most of the exporter's, ties by
+/// name. None: no `router` key.
 pub fn choose_router<'a>(
     routers: &'a BTreeMap<String, RouterEntry>,
     labels: &BTreeMap<String, String>,

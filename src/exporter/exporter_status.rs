@@ -1,6 +1,7 @@
-//! Pure derivation of the Exporter status (spec §4.2–4.5, §5.2) and of its transition events
-//! (§4.7). The reconciler and every gRPC handler that writes status use [`derive_conditions`],
-//! so the pass that follows a gRPC write has nothing to change (rule 4.4.2).
+//! Pure derivation of the Exporter status (docs/exporter.md: "The Exporter pass", "Online and
+//! Registered", "TokenExpiring", "Wake-ups", "Lease hooks: the record") and of its transition
+//! events ("Events"). The reconciler and every gRPC handler that writes status use
+//! [`derive_conditions`], so the pass that follows a gRPC write has nothing to change.
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -64,7 +65,7 @@ pub struct DesiredStatus {
     pub status: ExporterStatus,
     /// When the next pass is due (None: watch-driven only).
     pub requeue_after: Option<std::time::Duration>,
-    /// The record being replaced still owed afterLease (rule 5.2.3): log a warning.
+    /// The record being replaced still owed afterLease: log a warning.
     pub replaced_owing_record: bool,
 }
 
@@ -146,8 +147,8 @@ pub fn human_threshold(threshold: SignedDuration) -> String {
     }
 }
 
-/// `Online` and `Registered` plus the `exporterStatus`/`statusMessage` rules of §4.3. Shared
-/// with the gRPC handlers.
+/// `Online` and `Registered` plus the `exporterStatus`/`statusMessage` rules of docs/exporter.md,
+/// "Online and Registered". Shared with the gRPC handlers.
 pub fn derive_conditions(
     status: &mut ExporterStatus,
     conditions: &mut Vec<Condition>,
@@ -265,7 +266,8 @@ pub fn go_time_string(ts: Option<Timestamp>) -> String {
     }
 }
 
-/// Rule 5.4.1: records its hooks, has a record, and afterLease is unset or Running.
+/// Owes afterLease (docs/exporter.md, "Lease hooks: the assignment gate"): records its hooks, has a
+/// record, and afterLease is unset or Running.
 pub fn owes_after_lease(status: &ExporterStatus) -> bool {
     status.records_lease_hooks == Some(true)
         && status.lease_hooks.as_ref().is_some_and(|r| {
@@ -275,8 +277,8 @@ pub fn owes_after_lease(status: &ExporterStatus) -> bool {
         })
 }
 
-/// §4.5: the earliest future instant among `lastSeen + T + 1 s` (while Online), the renewal
-/// instant and the TokenExpiring thresholds, capped at `max_requeue`.
+/// docs/exporter.md, "Wake-ups": the earliest future instant among `lastSeen + T + 1 s` (while
+/// Online), the renewal instant and the TokenExpiring thresholds, capped at `max_requeue`.
 fn next_wakeup(
     status: &ExporterStatus,
     token: Option<&Claims>,
@@ -362,7 +364,8 @@ impl EventSpec {
     }
 }
 
-/// §4.7: events for the transitions between the persisted `old` and the written `new` status.
+/// docs/exporter.md, "Events": events for the transitions between the persisted `old` and the
+/// written `new` status.
 pub fn transition_events(
     name: &str,
     old: Option<&ExporterStatus>,
@@ -801,7 +804,7 @@ mod tests {
         assert!(rec.before_lease.is_none());
         assert!(d3.replaced_owing_record);
 
-        // Lease gone: leaseRef cleared, record kept (rule 5.2.4).
+        // Lease gone: leaseRef cleared, record kept ("Lease hooks: the record").
         let d4 = desired_status(
             &exporter(Some(d.status.clone())),
             None,

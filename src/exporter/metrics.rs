@@ -1,5 +1,5 @@
-//! The exporter feature's metrics (spec §8). No metric carries a per-object label; every label
-//! value is pre-initialised.
+//! The exporter feature's metrics (docs/exporter.md, "Metrics"). No metric carries a per-object
+//! label; every label value is pre-initialised.
 
 use kube::runtime::reflector::Store;
 use prometheus::core::{Collector, Desc};

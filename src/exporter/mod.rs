@@ -1,5 +1,5 @@
 //! The `exporter` feature: Jumpstarter Exporter, Lease and Client reconcilers
-//! (`jumpstarter.dev/v1alpha1`). See `../shared/spec/exporter.md`.
+//! (`jumpstarter.dev/v1alpha1`). Design: docs/exporter.md.
 //!
 //! By concern:
 //! - `crd`: the four CRDs, their schema rules and the upstream compatibility tests;
@@ -57,8 +57,9 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     ]
 }
 
-/// Spec §9 RBAC (cluster-wide form). `exporters/finalizers` and `clients/finalizers` let the
-/// controller ownerRefs on credential Secrets and Leases set `blockOwnerDeletion`.
+/// RBAC, cluster-wide form (docs/exporter.md, "Settings and RBAC"). `exporters/finalizers` and
+/// `clients/finalizers` let the controller ownerRefs on credential Secrets and Leases set
+/// `blockOwnerDeletion`.
 pub fn rbac() -> Vec<PolicyRule> {
     const ALL: &[&str] = &[
         "get", "list", "watch", "create", "update", "patch", "delete",
@@ -118,13 +119,13 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         std::env::var("CONTROLLER_KEY").ok(),
     )?;
     // The watches start before the ConfigMap and key reads below, which need none of them:
-    // listing thousands of Exporters is the longest step of a start-up (issue 15). Readiness
-    // waits for those reads too.
+    // listing thousands of Exporters is the longest step of a start-up (README, "Benchmarks").
+    // Readiness waits for those reads too.
     let settings_read = rt.track_synced("exporter-settings");
-    // One watch and one cache per kind, each feeding every controller that maps it (issue 17:
-    // lease assignment reads only caches). A pass reads the cache its trigger came through,
-    // and a reflector stores an event before passing it on, so a pass always reads the change
-    // that triggered it.
+    // One watch and one cache per kind, each feeding every controller that maps it (lease
+    // assignment reads only caches: docs/exporter.md, "Lease assignment"). A pass reads the cache
+    // its trigger came through, and a reflector stores an event before passing it on, so a pass
+    // always reads the change that triggered it.
     // Exporters: the Exporter controller's primary and the pending leases' wake-ups.
     let (exporters, exporter_events) = rt.reflect_fanout(
         "exporter",
@@ -133,8 +134,9 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         2,
         drop_managed_fields,
     );
-    // Active Leases (no ended label; rule 6.1.1: the selector drops ended leases from the watch
-    // and its cache, and admits an ended lease that lacks the label, so it is backfilled).
+    // Active Leases (no ended label; docs/exporter.md, "Objects": the selector drops ended leases
+    // from the watch and its cache, and admits an ended lease that lacks the label, so it is
+    // backfilled).
     let (leases, lease_events) = rt.reflect_fanout(
         "lease",
         rt.watched::<Guarded<Lease>>(),
@@ -383,7 +385,8 @@ fn pending_leases(
         .collect()
 }
 
-/// Leases without the ended label: ended leases leave the watch and its cache (rule 6.1.1).
+/// Leases without the ended label: ended leases leave the watch and its cache (docs/exporter.md,
+/// "Objects").
 fn active_lease_watch() -> watcher::Config {
     watcher::Config::default().labels(&format!(
         "{}!={}",

@@ -2,11 +2,11 @@
 //! status writes whose echo has not arrived ([`Replaced`]), and the tokens in credential
 //! Secrets, whose data the metadata-only Secret cache does not hold ([`Tokens`]).
 //!
-//! Lease assignment decides from caches (issue 17): the Exporters, active Leases, policies and
-//! Clients that the watches keep, with no request. The one thing those caches can miss that
-//! matters is our own latest assignment: between the status write that gives exporter E to
-//! lease L and the watch event that brings it back, another pending lease would see E free.
-//! The [`Ledger`] holds each assignment from the moment it is decided until the Lease cache
+//! Lease assignment decides from caches (docs/exporter.md, "Lease assignment"): the Exporters,
+//! active Leases, policies and Clients that the watches keep, with no request. The one thing those
+//! caches can miss that matters is our own latest assignment: between the status write that gives
+//! exporter E to lease L and the watch event that brings it back, another pending lease would see E
+//! free. The [`Ledger`] holds each assignment from the moment it is decided until the Lease cache
 //! shows it (or shows L gone or ended), and the decision counts its entries as active leases.
 //! Deciding and reserving happen under one lock, so concurrent workers never pick the same
 //! exporter. The ledger is per replica, which is enough: only the leader writes.

@@ -109,7 +109,8 @@ pub enum Error {
     /// A credential Secret the metadata cache knows, read for its token.
     #[error("read Secret {0}")]
     ReadSecret(String, #[source] kube::Error),
-    /// The exporter a lease is about to get, read fresh (rule 5.4.3).
+    /// The exporter a lease is about to get, read fresh (docs/exporter.md, "Lease hooks: the
+    /// assignment gate").
     #[error("read Exporter {0}")]
     ReadExporter(String, #[source] kube::Error),
     /// The fresh reads an Unsatisfiable end is decided on.
@@ -284,9 +285,9 @@ pub async fn prime_tokens(rt: crate::runtime::Runtime, ctx: Arc<Ctx>) {
     ctx.tokens.primed();
 }
 
-/// Ensures the credential Secret (rules 4.1.1–4.1.6). A Secret of that name is written only
-/// when this object controls it, or when the token it holds is one ucm minted for this very
-/// object (uid included: a Secret that lost its ownerRef); any other is left untouched.
+/// Ensures the credential Secret (docs/exporter.md, "Credentials"). A Secret of that name is
+/// written only when this object controls it, or when the token it holds is one ucm minted for this
+/// very object (uid included: a Secret that lost its ownerRef); any other is left untouched.
 async fn ensure_credential(
     ctx: &Ctx,
     namespace: &str,
@@ -506,7 +507,7 @@ fn requeue<K>(
     Action::await_change()
 }
 
-/// The Exporter pass (§4.2).
+/// The Exporter pass (docs/exporter.md, "The Exporter pass").
 pub async fn reconcile_exporter(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     gone_is_done(exporter_pass(exporter, ctx).await)
 }
@@ -639,7 +640,7 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
     ))
 }
 
-/// The Client pass (§3.4).
+/// The Client pass (docs/exporter.md, "The Client pass").
 pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     gone_is_done(client_pass(client, ctx).await)
 }
@@ -730,7 +731,7 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
     ))
 }
 
-/// The Lease pass (§6): decide, write status, count, then metadata.
+/// The Lease pass (docs/exporter.md, "The Lease pass"): decide, write status, count, then metadata.
 pub async fn reconcile_lease(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     gone_is_done(lease_pass(lease, ctx).await)
 }
@@ -753,7 +754,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         UNSATISFIABLE,
     );
 
-    // The assignment reads caches only (issue 17). Each is fed by a watch that also triggers
+    // The assignment reads caches only. Each is fed by a watch that also triggers
     // this controller, so a change a pending lease waits for always brings a pass that sees it.
     let exporters = Caches::in_namespace(&ctx.caches.exporters, &ns);
     let mut assignment = None;
@@ -792,7 +793,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             &policy_refs,
             client.as_ref().and_then(|c| c.0.as_ref().ok()),
         );
-        // Unsatisfiable ends the lease (§6.5), so it is never decided on caches alone: an
+        // Unsatisfiable ends the lease, so it is never decided on caches alone: an
         // Exporter, policy or Client created just before the Lease may not be in them yet.
         // The failure is decided again on fresh reads (three requests, failures only).
         if matches!(decision, Assignment::Unsatisfiable { .. }) {
@@ -821,10 +822,11 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                 client.as_ref(),
             );
         }
-        // Rule 5.4.3: the caches are not mutually consistent, so an exporter that records lease
-        // hooks is re-checked on a fresh read: its cache may predate the record of the lease it
-        // was handed last. Others gate on the exporterStatus they report, as upstream reads it
-        // from its cache; their assignment costs no read.
+        // docs/exporter.md, "Lease hooks: the assignment gate": the caches are not mutually
+        // consistent, so an exporter that records lease hooks is re-checked on a fresh read: its
+        // cache may predate the record of the lease it was handed last. Others gate on the
+        // exporterStatus they report, as upstream reads it from its cache; their assignment costs
+        // no read.
         if let Assignment::Assign { exporter, .. } = &decision
             && exporter_refs.iter().any(|e| {
                 e.metadata.name.as_deref() == Some(exporter.as_str())
@@ -891,7 +893,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         }
     }
 
-    // Metadata (6.7): the ended label and the controller ownerRef to the assigned exporter.
+    // Metadata: the ended label and the controller ownerRef to the assigned exporter.
     let mut labels = lease.labels().clone();
     if out.status.ended {
         labels.insert(ENDED_LABEL.into(), ENDED_VALUE.into());

@@ -1,5 +1,6 @@
-//! The exporter feature's settings (spec §9). Flags are plain strings so that a present but
-//! invalid value fails this feature only (runtime.md §3), validated in [`Settings::resolve`].
+//! The exporter feature's settings (docs/exporter.md, "Settings and RBAC"). Flags are plain strings
+//! so that a present but invalid value fails this feature only (docs/runtime.md, "Feature
+//! settings"), validated in [`Settings::resolve`].
 
 use jiff::SignedDuration;
 
@@ -55,7 +56,7 @@ pub struct Args {
     pub login_namespace: Option<String>,
 }
 
-/// Where the signing key comes from (rule 4.1.7).
+/// Where the signing key comes from (docs/exporter.md, "The signing key").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
     Seed(String),

@@ -1,7 +1,7 @@
-//! Start-up inputs that live in the manager's namespace (the `jumpstarter-controller`
-//! ConfigMap, the signing key Secrets): while one is missing or invalid the feature reports not
-//! ready with the reason (spec §9) and waits for that object to change, then starts by itself.
-//! Event-driven: a watch on the one object plus leadership changes, no polling.
+//! Start-up inputs that live in the manager's namespace (the `jumpstarter-controller` ConfigMap,
+//! the signing key Secrets): while one is missing or invalid the feature reports not ready with the
+//! reason (docs/exporter.md, "Settings and RBAC") and waits for that object to change, then starts
+//! by itself. Event-driven: a watch on the one object plus leadership changes, no polling.
 
 use std::fmt::Debug;
 use std::future::Future;

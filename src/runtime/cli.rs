@@ -57,7 +57,7 @@ pub struct ManagerArgs {
     )]
     pub watch_namespace: String,
 
-    /// Reconciles each controller runs at once. 8, chosen by measurement (issue 17, README
+    /// Reconciles each controller runs at once. 8, chosen by measurement (README,
     /// "Benchmarks"): kube-runtime never runs two passes of one object at once, and the
     /// reconcilers guard what objects share (the lease ledger, the per-volume snapshot lock).
     #[arg(long, default_value = "8", value_parser = clap::value_parser!(u16).range(1..), value_name = "N")]
@@ -126,7 +126,7 @@ pub fn parse_go_bool(s: &str) -> Result<bool, String> {
 }
 
 impl ManagerArgs {
-    /// Cross-flag rules that clap cannot express (runtime.md §3, parsing rule 4).
+    /// Cross-flag rules that clap cannot express (docs/runtime.md, "Flags").
     pub fn validate(&self) -> Result<(), String> {
         if self.leader_elect_renew_deadline >= self.leader_elect_lease_duration {
             return Err(format!(

@@ -1,7 +1,7 @@
 //! Schema bounds for values the API server admits but ucm cannot represent. `format: date-time`
 //! admits any RFC 3339 year up to 9999, while ucm's timestamps end on 9999-12-30: one such
-//! object would be unreadable (issue 21). Every date-time field of every CRD gets a CEL rule
-//! that refuses it with a message stating the limit.
+//! object would be unreadable (docs/runtime.md, "Unreadable objects"). Every date-time field of
+//! every CRD gets a CEL rule that refuses it with a message stating the limit.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::{Value, json};

@@ -1,8 +1,8 @@
 //! `ucm manager`: wires the shared pieces together and runs the enabled features until shutdown.
 //!
-//! Order (runtime.md §10): signal → cancel the token (readiness fails) → controllers drain,
-//! bounded by `--graceful-shutdown-timeout` → leader label removed and Lease released → admin
-//! servers stop → exit 0 (1 if draining timed out or a task died).
+//! Order (docs/runtime.md, "Shutdown"): signal → cancel the token (readiness fails) → controllers
+//! drain, bounded by `--graceful-shutdown-timeout` → leader label removed and Lease released →
+//! admin servers stop → exit 0 (1 if draining timed out or a task died).
 
 use std::{sync::Arc, time::Duration};
 

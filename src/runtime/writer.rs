@@ -1,6 +1,6 @@
 //! Every write a controller makes goes through a [`Writer`], which refuses it unless this process
 //! holds the leader Lease with margin. A reconciler therefore cannot forget the leadership check,
-//! and a standby never writes (runtime.md §4.4).
+//! and a standby never writes (docs/runtime.md, "Leader election").
 
 use std::fmt::Debug;
 use std::sync::Arc;

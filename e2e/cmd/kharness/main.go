@@ -1,6 +1,6 @@
 // Command kharness runs a local Kubernetes control plane for ucm's e2e tests and `make run`:
 // embedded etcd + in-process kube-apiserver, optionally kube-controller-manager as a child.
-// Design: shared/spec/local-cluster.md §2.
+// Design: docs/operations.md, "The local control plane", and e2e/README-kharness.md.
 //
 //	kharness serve --dir D [--with-kcm] [--rm-dir] [--exit-on-stdin-eof] [--verbose] [-- apiserver flags]
 //	kharness kcm --kubeconfig D/kubeconfig [kube-controller-manager flags...]
@@ -69,8 +69,8 @@ func main() {
 	}
 }
 
-// kcmControllers are the only controllers ucm's tests need (spec §2.7): never the workload
-// controllers, which would overwrite statuses that tests set by hand. Names as in 1.37
+// kcmControllers are the only controllers ucm's tests need (e2e/README-kharness.md): never the
+// workload controllers, which would overwrite statuses that tests set by hand. Names as in 1.37
 // (cmd/kube-controller-manager/names). clusterrole-aggregation-controller fills the built-in
 // aggregated roles (view, edit, admin), which otherwise have no rules.
 const kcmControllers = "garbage-collector-controller,namespace-controller,serviceaccount-controller," +

@@ -404,7 +404,8 @@ func (h *harness) deleteIfExists(path string) error {
 	return nil
 }
 
-// shutdown follows spec §2.8: KCM (SIGTERM, 10 s, SIGKILL), apiserver (≤ 30 s), etcd, D.
+// shutdown, in this order (e2e/README-kharness.md): KCM (SIGTERM, 10 s, SIGKILL), apiserver
+// (≤ 30 s), etcd, D.
 // It returns false if something did not stop in time.
 func (h *harness) shutdown() bool {
 	ok := true

@@ -1,7 +1,7 @@
-//! The e2e fixture (local-cluster.md §6): one real control plane per test process (or the one named
-//! by `UCM_E2E_KUBECONFIG`), a fresh namespace per test, ucm's CRDs installed once, the manager as
-//! a real subprocess, and control planes of a test's own for tests that restart or strip the API.
-//! A missing prerequisite fails loudly; nothing is skipped.
+//! The e2e fixture (docs/architecture.md, "Tests, benchmarks and fuzzing"): one real control plane
+//! per test process (or the one named by `UCM_E2E_KUBECONFIG`), a fresh namespace per test, ucm's
+//! CRDs installed once, the manager as a real subprocess, and control planes of a test's own for
+//! tests that restart or strip the API. A missing prerequisite fails loudly; nothing is skipped.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -295,9 +295,9 @@ pub async fn client_for(kubeconfig: &Path) -> Client {
 }
 
 /// MiroirSnapshot and MiroirVolume are cluster-scoped, so `--watch-namespace` cannot keep one
-/// manager's snapshot coordinator away from another test's snapshots (snapshot.md §16: one
-/// coordinator at a time on the shared cluster). Every test that runs the snapshot feature on the
-/// shared cluster holds this lock: exclusively ([`sole_snapshot_coordinator`]) when it drives
+/// manager's snapshot coordinator away from another test's snapshots (docs/snapshot.md, "Testing":
+/// one coordinator at a time on the shared cluster). Every test that runs the snapshot feature on
+/// the shared cluster holds this lock: exclusively ([`sole_snapshot_coordinator`]) when it drives
 /// snapshot rounds and checks them, shared ([`snapshot_coordinator`]) when the feature only runs
 /// beside what it tests. [`Manager::start`] refuses such a manager while nobody holds it.
 static SNAPSHOT_COORDINATORS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
@@ -864,7 +864,8 @@ const E2E_NS_LABEL: &str = "ucm.io/e2e-namespace";
 
 /// A kubeconfig for the cluster of `admin`, authenticated (TokenRequest token) as a
 /// ServiceAccount in `ns` bound only to the roles `ucm rbac` ships for `features` and leader
-/// election, so every e2e test proves the shipped RBAC is enough (issue 8). The ClusterRoles are
+/// election, so every e2e test proves the shipped RBAC is enough (docs/runtime.md, "RBAC"). The
+/// ClusterRoles are
 /// installed under an `ucm-e2e-` prefix (identical for every test of a run); the Roles and the
 /// ServiceAccount live in `ns`. Blocking: kubectl does the work.
 pub fn shipped_identity(

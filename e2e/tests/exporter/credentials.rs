@@ -3,7 +3,8 @@
 
 use super::*;
 
-// ---- Exporter reconcile: A3, A5, A9–A13, A15, A17, A19 (reconciler side) ----
+// ---- The Exporter pass (docs/exporter.md): credential, status fields, Online and Registered,
+// events, no-op passes, Offline timing (reconciler side) ----
 
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
@@ -27,7 +28,7 @@ async fn exporter_credential_status_and_liveness() {
     )
     .await;
 
-    // A3/A5/A9/A10: Secret with a valid token, owned by the Exporter; status fields.
+    // Secret with a valid token, owned by the Exporter; status fields.
     eventually(TIMEOUT, "the Exporter status", || async {
         exporters
             .get("e1")
@@ -77,7 +78,7 @@ async fn exporter_credential_status_and_liveness() {
         )
     );
 
-    // A17: a pass over the unchanged Exporter (triggered through its Secret) writes nothing.
+    // A pass over the unchanged Exporter (triggered through its Secret) writes nothing.
     let rv_before = rv(&e);
     let writes = |text: String| {
         metric(
@@ -97,7 +98,7 @@ async fn exporter_credential_status_and_liveness() {
     );
     assert_eq!(writes(m.metrics().await), writes_before);
 
-    // A12/A13: reported alive → Online, Registered.
+    // Reported alive → Online, Registered.
     bring_online(&exporters, "e1").await;
     let e = exporters.get("e1").await.unwrap();
     assert_eq!(
@@ -113,7 +114,7 @@ async fn exporter_credential_status_and_liveness() {
         ("True".into(), "Register".into(), String::new())
     );
 
-    // A11/A19: silence → Offline right after lastSeen + T, by the exact requeue (no polling).
+    // Silence → Offline right after lastSeen + T, by the exact requeue (no polling).
     eventually(
         Duration::from_secs(30),
         "Offline after the threshold",
@@ -151,7 +152,7 @@ async fn exporter_credential_status_and_liveness() {
         "Offline at {offline_at}, stale at {stale_at}"
     );
 
-    // A12: recent but reported Offline (graceful shutdown) → Online=False/Offline with the message.
+    // Recent but reported Offline (graceful shutdown) → Online=False/Offline with the message.
     bring_online(&exporters, "e1").await;
     report(&exporters, "e1", "Offline", "Exporter shutting down").await;
     eventually(TIMEOUT, "Online=False/Offline", || async {
@@ -168,7 +169,7 @@ async fn exporter_credential_status_and_liveness() {
     })
     .await;
 
-    // A15: events for the persisted transitions, from the reconciler.
+    // Events for the persisted transitions, from the reconciler.
     eventually(TIMEOUT, "the exporter events", || async {
         let r = events_of(&env.client, &env.ns, "e1").await;
         r.iter()
@@ -183,7 +184,7 @@ async fn exporter_credential_status_and_liveness() {
             .any(|(a, b, c)| a == reason && b.starts_with(note) && c == type_)
     };
     // A first credential is not news on an Exporter (upstream emits no event for it either);
-    // renewals and replacements are (A8, A7).
+    // renewals and replacements are (docs/exporter.md, "Events").
     assert!(
         !r.iter().any(|(reason, ..)| reason == "CredentialCreated"),
         "{r:?}"
@@ -241,7 +242,8 @@ async fn exporter_credential_status_and_liveness() {
     .await;
 }
 
-// ---- A4/A5: every re-mint rule, the migration annotations, the ownerRef repair ----
+// ---- Every re-mint rule, the migration annotations, the ownerRef repair (docs/exporter.md,
+// "Credentials") ----
 
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
@@ -393,7 +395,7 @@ async fn exporter_token_is_reminted_when_invalid() {
     .await;
     assert_eq!(token_of(&secrets, "e1-exporter").await.unwrap(), kept);
 
-    // A5: the migration annotations replace namespace and uid in the subject.
+    // The migration annotations replace namespace and uid in the subject.
     exporters
         .patch(
             "e1",
@@ -447,7 +449,7 @@ async fn exporter_token_is_reminted_when_invalid() {
     assert!(!m.logs().contains("eyJ"), "no token in the manager's logs");
 }
 
-// ---- A8: renewal before expiry, in real time ----
+// ---- Renewal before expiry, in real time (docs/exporter.md, "Renewal") ----
 
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
@@ -591,7 +593,7 @@ async fn exporter_token_is_renewed_before_expiry_and_a_client_token_is_not() {
     .await;
 }
 
-// ---- A7: TokenExpiring at each boundary, TokenExpiringSoon only on becoming True ----
+// ---- TokenExpiring at each boundary, TokenExpiringSoon only on becoming True ----
 
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
@@ -749,7 +751,7 @@ async fn token_expiring_follows_the_token_in_the_secret() {
     .await;
 }
 
-// ---- Client (§3.4): credential, status, events, re-mint, GC ----
+// ---- Client (docs/exporter.md, "The Client pass"): credential, status, events, re-mint, GC ----
 
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]

@@ -2,7 +2,7 @@
 
 use super::*;
 
-// ---- A17/A18: a pass over unchanged objects sends no write ----
+// ---- A pass over unchanged objects sends no write (docs/exporter.md, "Status writes") ----
 
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
@@ -132,7 +132,7 @@ async fn unchanged_objects_get_no_writes() {
     );
     assert!(status_writes > 0.0, "the first process did write status");
 
-    // A18: a spec change bumps observedGeneration; unchanged conditions keep their
+    // A spec change bumps observedGeneration; unchanged conditions keep their
     // lastTransitionTime.
     let e = exporters.get("e1").await.unwrap();
     let online_since = find_condition(e.status.as_ref().unwrap().conditions.as_ref(), "Online")

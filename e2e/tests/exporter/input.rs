@@ -2,7 +2,7 @@
 
 use super::*;
 
-// ---- A2: schema rejection ----
+// ---- Schema rejection ----
 
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
@@ -94,7 +94,7 @@ async fn schema_rejects_bad_values() {
     }
 }
 
-// ---- Bad input: conditions for contradictory leases, and the manager keeps going; A23 ----
+// ---- Bad input: conditions for contradictory leases, and the manager keeps going ----
 
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]

@@ -2,7 +2,7 @@
 
 use super::*;
 
-// ---- A6: the three key sources ----
+// ---- The three key sources (docs/exporter.md, "The signing key") ----
 
 /// Which of two managers holds leadership (1 or 2, by its metric).
 async fn leader_of(a: &Manager, b: &Manager, id: &str) -> usize {
@@ -285,7 +285,7 @@ async fn signing_key_from_the_flags_secret() {
     .await;
 }
 
-// ---- §9: the jumpstarter-controller ConfigMap; A5 custom lifetime, A9 GRPC_ENDPOINT ----
+// ---- The jumpstarter-controller ConfigMap: a custom token lifetime; GRPC_ENDPOINT ----
 
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]

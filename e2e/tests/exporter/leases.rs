@@ -2,7 +2,8 @@
 
 use super::*;
 
-// ---- Lease: A14, A20 (Offline, NotAvailable, ExporterNotFound), A24–A26, GC ----
+// ---- Lease (docs/exporter.md, "The Lease pass"): leaseRef, Offline, NotAvailable,
+// ExporterNotFound, the ended label, the ownerRef, the acquisition metric, GC ----
 
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
@@ -159,7 +160,7 @@ async fn lease_is_assigned_released_and_labelled() {
     })
     .await;
 
-    // A24: a missing ended label is backfilled.
+    // A missing ended label is backfilled.
     leases
         .patch(
             "l1",
@@ -177,7 +178,7 @@ async fn lease_is_assigned_released_and_labelled() {
         })
     })
     .await;
-    // A24: labelled leases are outside the Lease watch: a change to one is not reconciled (if
+    // Labelled leases are outside the Lease watch: a change to one is not reconciled (if
     // it were, the reconciler would end this released lease again). The barrier is a later
     // lease the same controller must end.
     leases
@@ -273,7 +274,7 @@ async fn lease_is_assigned_released_and_labelled() {
     })
     .await;
 
-    // A25: disabling the exporter keeps its active lease.
+    // Disabling the exporter keeps its active lease.
     let lease_passes = reconciles(&m, "lease").await;
     exporters
         .patch(
@@ -299,7 +300,7 @@ async fn lease_is_assigned_released_and_labelled() {
     assert!(!l4.status.as_ref().unwrap().ended, "still active");
     assert_eq!(lease_cond(&l4, "Ready").unwrap().status, "True");
 
-    // A14: the lease ends, leaseRef is cleared.
+    // The lease ends, leaseRef is cleared.
     leases
         .patch(
             "l4",
@@ -330,7 +331,7 @@ async fn lease_is_assigned_released_and_labelled() {
     .await;
 }
 
-// ---- A20/A25 and the seed's spec.enabled: the remaining condition reasons ----
+// ---- spec.enabled and the remaining condition reasons (docs/exporter.md, "Lease assignment") ----
 
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
@@ -596,7 +597,8 @@ async fn lease_condition_reasons_policies_and_enabled() {
     );
 }
 
-// ---- Seed extension: the lease-hooks record and its assignment gate (A36–A39, reconciler) ----
+// ---- The lease-hooks record and its assignment gate (docs/exporter.md, "Lease hooks: the record",
+// "Lease hooks: the assignment gate"; reconciler side) ----
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn lease_hooks_record_and_gate() {

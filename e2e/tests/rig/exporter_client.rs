@@ -71,8 +71,8 @@ impl ExporterClient {
         r
     }
 
-    /// Register; with `declare`, as an exporter that records lease hooks (spec §5.1). Returns
-    /// the uid and the lease-hooks record from the response headers.
+    /// Register; with `declare`, as an exporter that records lease hooks (docs/exporter.md, "Lease
+    /// hooks: the record"). Returns the uid and the lease-hooks record from the response headers.
     pub async fn register(
         &mut self,
         declare: bool,

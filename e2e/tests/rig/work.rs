@@ -243,7 +243,7 @@ impl Monitor {
         }));
 
         // The snapshot: slots are non-Pending only inside a live round or when published, and a
-        // published status never changes (I13).
+        // published status never changes (I13, docs/snapshot.md, "Invariants").
         let snaps: Api<MiroirSnapshot> = w.snapshots();
         let cfg = watcher::Config::default().fields(&format!("metadata.name={}", work.snap));
         let v = violations.clone();

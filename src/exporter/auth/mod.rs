@@ -1,8 +1,8 @@
-//! Who presents a bearer token (issue 19): ucm's internal tokens, the configured external JWT
-//! issuers (`authentication.jwt[]`) and, with `authentication.k8s.enabled`, ServiceAccount (and
-//! other API-server) tokens through a TokenReview. The token's unverified `iss` picks the
-//! verifier, as Kubernetes' union of JWT authenticators does; a token no verifier claims is
-//! refused. Refusals are `Unauthenticated` and carry the reason, never the token.
+//! Who presents a bearer token (docs/exporter.md, "Who may call"): ucm's internal tokens, the
+//! configured external JWT issuers (`authentication.jwt[]`) and, with `authentication.k8s.enabled`,
+//! ServiceAccount (and other API-server) tokens through a TokenReview. The token's unverified `iss`
+//! picks the verifier, as Kubernetes' union of JWT authenticators does; a token no verifier claims
+//! is refused. Refusals are `Unauthenticated` and carry the reason, never the token.
 
 mod gorand_table;
 pub mod oidc;

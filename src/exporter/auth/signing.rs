@@ -1,8 +1,8 @@
-//! Loading the signing key (rule 4.1.7): from the `CONTROLLER_KEY` seed, from the Secret named by
-//! `--exporter-signing-key-secret`, or from the generated Secret `ucm-exporter-signing-key`, which
-//! only the leader creates and nobody overwrites. Every replica and every restart resolve the same
-//! key; a key Secret that is missing or invalid keeps the feature not ready (with the reason)
-//! until it is fixed. The key is never logged.
+//! Loading the signing key (docs/exporter.md, "The signing key"): from the `CONTROLLER_KEY` seed,
+//! from the Secret named by `--exporter-signing-key-secret`, or from the generated Secret
+//! `ucm-exporter-signing-key`, which only the leader creates and nobody overwrites. Every replica
+//! and every restart resolve the same key; a key Secret that is missing or invalid keeps the
+//! feature not ready (with the reason) until it is fixed. The key is never logged.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,5 @@
-//! Internal credential tokens: the ES256 signing key (spec §4.1 rules 7–9) and the JWTs of the
-//! `<name>-exporter` and `<name>-client` Secrets (rules 2–5, 10–11).
+//! Internal credential tokens: the ES256 signing key (docs/exporter.md, "The signing key") and the
+//! JWTs of the `<name>-exporter` and `<name>-client` Secrets ("Credentials", "Renewal").
 //!
 //! The key never appears in `Debug` output, logs or errors.
 
@@ -232,7 +232,7 @@ pub fn sign(key: &SigningKey, claims: &Claims) -> String {
     format!("{signing_input}.{}", B64.encode(signature.to_bytes()))
 }
 
-/// Verifies alg, signature, `iss`, `aud` and `exp` (rule 4.1.4). The subject is the caller's check.
+/// Verifies alg, signature, `iss`, `aud` and `exp`. The subject is the caller's check.
 pub fn verify(key: &SigningKey, token: &str, now: Timestamp) -> Result<Claims, TokenError> {
     let claims = verify_signed(key, token)?;
     if claims.exp <= now.as_second() {
@@ -374,8 +374,8 @@ pub fn read(stored: &[u8], key: &SigningKey) -> Read {
         .for_judging())
 }
 
-/// Rules 4.1.4–4.1.5 and 4.1.10: whether a stored token, [`read`] earlier (`None` when the
-/// Secret or its `token` key is missing), can stay at `now`.
+/// docs/exporter.md, "Credentials" and "Renewal": whether a stored token, [`read`] earlier (`None`
+/// when the Secret or its `token` key is missing), can stay at `now`.
 pub fn judge(
     stored: Option<&Read>,
     expected_subject: &str,

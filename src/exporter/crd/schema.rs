@@ -4,7 +4,7 @@
 //! types whose upstream (controller-gen) schema carries validation or list/map markers that the
 //! k8s-openapi schemars impls lack: `metav1.Condition`, `LocalObjectReference`, `LabelSelector`.
 //! `fixup_crd` then removes what schemars adds but upstream has not (`nullable`, a required
-//! `spec`), so the generated CRD is a superset of upstream's (checked by the A1 test).
+//! `spec`), so the generated CRD is a superset of upstream's (checked by `compat_tests`).
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use schemars::{Schema, SchemaGenerator, json_schema};

@@ -42,7 +42,8 @@ fn one_md<'a, T>(req: &'a Request<T>, key: &str) -> Result<&'a str, Status> {
     }
 }
 
-/// The bearer token (rule 7.2.1): missing → Unauthenticated, malformed → InvalidArgument.
+/// The bearer token (docs/exporter.md, "Who may call"): missing → Unauthenticated, malformed →
+/// InvalidArgument.
 pub fn bearer<T>(req: &Request<T>) -> Result<&str, Status> {
     let mut values = req.metadata().get_all("authorization").iter();
     let v = match (values.next(), values.next()) {

@@ -1,8 +1,8 @@
-//! `jumpstarter.client.v1.ClientService` (spec §7.3), what `jmp` uses: exporters and leases by
-//! resource name (`namespaces/<ns>/<kind>/<name>`), plus RotateToken. Callers are Clients
-//! (rule 7.2.5) of the namespace the request names. Reads cover the namespace (as upstream: `jmp
-//! get leases -A`); changes need the lease's owner. Errors carry a gRPC code and our own text,
-//! never Kubernetes error text or token contents (rule 7.2.6).
+//! `jumpstarter.client.v1.ClientService` (docs/exporter.md, "ClientService"), what `jmp` uses:
+//! exporters and leases by resource name (`namespaces/<ns>/<kind>/<name>`), plus RotateToken.
+//! Callers are Clients of the namespace the request names. Reads cover the namespace (as upstream:
+//! `jmp get leases -A`); changes need the lease's owner. Errors carry a gRPC code and our own text,
+//! never Kubernetes error text or token contents (docs/exporter.md, "Who may call").
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -92,7 +92,8 @@ pub async fn create_lease(ctx: &Ctx, lease: &Lease) -> Result<Lease, Status> {
     Ok(created)
 }
 
-/// A new lease name: the request's `lease_id`, else a UUIDv7 (rule 6.7.3).
+/// A new lease name: the request's `lease_id`, else a UUIDv7 (docs/exporter.md, "Lease time
+/// fields").
 pub fn lease_name(lease_id: &str) -> String {
     if lease_id.is_empty() {
         uuid::Uuid::now_v7().to_string()
@@ -291,7 +292,8 @@ impl cpb::client_service_server::ClientService for Arc<ClientApi> {
         {
             parts.push(tags);
         }
-        // Active only unless asked otherwise: the ended label is the cheap filter (§3.3).
+        // Active only unless asked otherwise: the ended label is the cheap filter
+        // (docs/exporter.md, "Objects").
         if body.only_active.unwrap_or(true) {
             parts.push(format!("!{ENDED_LABEL}"));
         }
@@ -422,7 +424,8 @@ impl cpb::client_service_server::ClientService for Arc<ClientApi> {
                 "lease {name:?} has already been released"
             )));
         }
-        // DeleteLease releases (rule 6.5.3); the object stays for its history.
+        // DeleteLease releases (docs/exporter.md, "The Lease pass"); the object stays for its
+        // history.
         self.ctx
             .writer
             .patch(

@@ -1,4 +1,5 @@
-//! `jumpstarter.v1.ControllerService` (spec §7.3–7.5).
+//! `jumpstarter.v1.ControllerService` (docs/exporter.md: "ControllerService", "Heartbeats", "Dial
+//! and Listen").
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -43,12 +44,13 @@ pub struct Controller {
     pub router_key: RouterKey,
     pub router_endpoint: String,
     pub authn: Arc<Authn>,
-    /// (namespace, lease) → queue of the current Listen stream (rule 7.5.5).
+    /// (namespace, lease) → queue of the current Listen stream (docs/exporter.md, "Dial and
+    /// Listen").
     listeners: Mutex<HashMap<(String, String), ListenTx>>,
     /// Cancelled when this serving session ends (leadership lost, shutdown): ends every stream
     /// so the server's graceful stop does not wait on them.
     pub stop: tokio_util::sync::CancellationToken,
-    /// In-memory liveness of the exporters holding Status streams (rule 7.4.1).
+    /// In-memory liveness of the exporters holding Status streams (docs/exporter.md, "Heartbeats").
     pub liveness: Liveness,
 }
 
@@ -100,8 +102,8 @@ impl Controller {
         Api::namespaced(self.ctx.client.clone(), ns)
     }
 
-    /// Read fresh, apply `f`, derive conditions (rule 4.4.2), merge-patch fenced by
-    /// resourceVersion; retried on conflict up to 5 times (rule 4.6.3).
+    /// Read fresh, apply `f`, derive conditions, merge-patch fenced by resourceVersion; retried on
+    /// conflict up to 5 times (docs/exporter.md, "Status writes").
     pub async fn write_status(
         &self,
         ns: &str,
@@ -131,7 +133,7 @@ impl Controller {
             let Some(mut patch) = status_merge_patch(observed.as_ref(), &st) else {
                 return Ok(exp);
             };
-            // Conditions are always sent whole (rule 4.6.2).
+            // Conditions are always sent whole.
             patch["conditions"] = serde_json::to_value(&st.conditions).unwrap_or_default();
             let rv = exp.resource_version().unwrap_or_default();
             match self
@@ -149,7 +151,7 @@ impl Controller {
                     if st.last_seen.is_some()
                         && st.last_seen != observed.as_ref().and_then(|o| o.last_seen.clone())
                     {
-                        // Rule 7.4.2: any write of lastSeen restarts the heartbeat clock.
+                        // Any write of lastSeen restarts the heartbeat clock ("Heartbeats").
                         self.liveness.wrote(ns, name, Timestamp::now());
                     }
                     self.emit_transitions(&e, observed.as_ref(), &st, source)
@@ -166,7 +168,7 @@ impl Controller {
         Err(Status::aborted("exporter status kept changing; retry"))
     }
 
-    /// Events for the transitions this gRPC write persisted (rules 4.7.1, 4.7.2).
+    /// Events for the transitions this gRPC write persisted (docs/exporter.md, "Events").
     async fn emit_transitions(
         &self,
         persisted: &Exporter,
@@ -247,8 +249,8 @@ impl Controller {
         }
     }
 
-    /// A due heartbeat (rule 7.4.3): `lastSeen` alone, unfenced, unless something derived from
-    /// it changes, then a full fenced write. Returns the persisted Exporter.
+    /// A due heartbeat (docs/exporter.md, "Heartbeats"): `lastSeen` alone, unfenced, unless
+    /// something derived from it changes, then a full fenced write. Returns the persisted Exporter.
     async fn heartbeat(&self, ns: &str, name: &str, latest: &Exporter) -> Result<Exporter, Status> {
         let now = Timestamp::now();
         let status = latest.status.clone().unwrap_or_default();
@@ -292,8 +294,8 @@ impl Controller {
     }
 
     /// Status stream body: watch the own Exporter and send lease changes; persist `lastSeen`
-    /// only when it is due (rule 7.4); re-establish the watch when our own write does not come
-    /// back on it within W (rule 7.4.4).
+    /// only when it is due; re-establish the watch when our own write does not come back on it
+    /// within W (docs/exporter.md, "Heartbeats").
     async fn status_loop(
         self: Arc<Self>,
         ns: String,
@@ -421,7 +423,7 @@ impl Controller {
             .map_err(|_| internal("release the lease"))
     }
 
-    /// Exporter status gate for Dial (rule 7.5.1).
+    /// Exporter status gate for Dial (docs/exporter.md, "Dial and Listen").
     async fn dial_gate(&self, ns: &str, exporter: &str) -> Result<Exporter, Status> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         let mut backoff = Duration::from_millis(500);
@@ -459,7 +461,8 @@ impl Controller {
     }
 }
 
-/// The optional ReportStatus hook metadata (rule 5.5.2); non-UTF-8 values count as invalid.
+/// The optional ReportStatus hook metadata (docs/exporter.md, "Lease hooks: metadata"); non-UTF-8
+/// values count as invalid.
 fn hook_metadata<T>(req: &Request<T>) -> (hooks::HookMetadata, Vec<String>) {
     let mut invalid = Vec::new();
     let mut values = |key: &str| -> Vec<String> {
@@ -607,7 +610,8 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
         let now = Controller::now_time();
         let exp = self
             .write_status(&caller.namespace, &caller.name, "report", |s, _| {
-                // The record sees the stored exporterStatus as `prev` (rule 5.3).
+                // The record sees the stored exporterStatus as `prev` (docs/exporter.md, "Lease
+                // hooks: transitions").
                 hooks::apply_report(
                     s,
                     &hooks::Report {
@@ -769,7 +773,8 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
         }))
     }
 
-    /// Legacy lease creation (rule 6.7.3): a UUIDv7 name, the selector and the duration.
+    /// Legacy lease creation (docs/exporter.md, "ControllerService"): a UUIDv7 name, the selector
+    /// and the duration.
     async fn request_lease(
         &self,
         req: Request<pb::RequestLeaseRequest>,

@@ -1,7 +1,7 @@
-//! Heartbeat persistence (spec §7.4, OURS). While a Status stream is open the exporter is alive
-//! (that is the in-memory liveness); `lastSeen` is written only when the persisted value has
-//! become older than the spacing `W` (default T/3), so an idle online exporter costs about
-//! 60/W·(1/1.05) ≈ 2.9 writes per minute with T = 60 s instead of upstream's six.
+//! Heartbeat persistence (docs/exporter.md, "Heartbeats"; OURS). While a Status stream is open the
+//! exporter is alive (that is the in-memory liveness); `lastSeen` is written only when the
+//! persisted value has become older than the spacing `W` (default T/3), so an idle online exporter
+//! costs about 60/W·(1/1.05) ≈ 2.9 writes per minute with T = 60 s instead of upstream's six.
 //!
 //! The clock restarts at every write that sets `lastSeen`, whoever made it (connect,
 //! ReportStatus, a heartbeat of another stream of the same exporter): the decision uses the newer
@@ -16,8 +16,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use crate::exporter::crd::{ExporterStatus, ExporterStatusValue};
 use crate::exporter::exporter_status;
 
-/// Jitter is one-sided (+0–10%): the mean spacing stays at or above `W`, so the budget of rule
-/// 7.4.5 (≤ 3 writes per minute with T = 60 s) holds; a symmetric ±10% would average exactly
+/// Jitter is one-sided (+0–10%): the mean spacing stays at or above `W`, so the budget of at
+/// most 3 writes per minute with T = 60 s holds; a symmetric ±10% would average exactly
 /// 60/W and exceed it about half the time. Offline safety needs only `1.1·W + 1 s < T`, which
 /// `W ≤ T/2` guarantees.
 pub const JITTER: f64 = 0.1;
@@ -41,13 +41,14 @@ pub fn next_due(
     }
 }
 
-/// How a due heartbeat is written (rule 7.4.3).
+/// How a due heartbeat is written ("Heartbeats", rule 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Write {
     /// Patch `lastSeen` alone, unfenced: nothing derived from it changes.
     LastSeenOnly,
     /// The derived conditions or status change with the new `lastSeen` (e.g. Online again after
-    /// being marked offline): a fenced full write (rule 4.6.3) so the reconciler has nothing left.
+    /// being marked offline): a fenced full write (docs/exporter.md, "Status writes") so the
+    /// reconciler has nothing left.
     Full,
 }
 
@@ -74,9 +75,9 @@ pub fn write_kind(
     }
 }
 
-/// The spec is silent here (decision, OURS): an exporter that the staleness rule marked
+/// OURS (docs/exporter.md, "Heartbeats", rule 4): an exporter that the staleness rule marked
 /// Offline ("Connection lost - …", for example while heartbeat writes failed during an API
-/// outage) but whose Status stream is alive is cleared the way a reconnect clears it (§7.3,
+/// outage) but whose Status stream is alive is cleared the way a reconnect clears it (upstream
 /// #230), rather than staying Offline until the exporter reconnects or reports.
 pub fn recover_from_stale(status: &mut ExporterStatus) {
     if status.exporter_status == Some(ExporterStatusValue::Offline)

@@ -1,6 +1,6 @@
-//! Pure conversions between the CRD objects and `jumpstarter.client.v1` messages (spec §7.3,
-//! §6.6, §6.7.3): resource identifiers, label-selector text, Go duration strings, the lease time
-//! fields, and the Exporter/Lease views `jmp` reads. No IO here.
+//! Pure conversions between the CRD objects and `jumpstarter.client.v1` messages (docs/exporter.md,
+//! "ClientService" and "Lease time fields"): resource identifiers, label-selector text, Go duration
+//! strings, the lease time fields, and the Exporter/Lease views `jmp` reads. No IO here.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -19,7 +19,7 @@ use crate::exporter::proto::jumpstarter::client::v1 as cpb;
 use crate::exporter::proto::jumpstarter::v1 as pb;
 use crate::godur;
 
-/// Lease labels mirroring `spec.tags` carry this prefix (rule 6.7.3).
+/// Lease labels mirroring `spec.tags` carry this prefix (docs/exporter.md, "Lease time fields").
 pub const TAG_LABEL_PREFIX: &str = "metadata.jumpstarter.dev/";
 /// `leasePolicy.maxTags` default (upstream's; the CRD caps tags at 10 as well).
 pub const DEFAULT_MAX_TAGS: usize = 10;
@@ -228,7 +228,7 @@ pub fn dur_to_pb(d: SignedDuration) -> prost_types::Duration {
     }
 }
 
-/// The requested times of a lease (spec §6.6).
+/// The requested times of a lease (docs/exporter.md, "Lease time fields").
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct TimeFields {
     pub begin: Option<Timestamp>,
@@ -277,7 +277,7 @@ pub fn spec_times(spec: &LeaseSpec) -> TimeFields {
     }
 }
 
-/// Writes time fields into a spec at whole seconds (rule 3.1.5).
+/// Writes time fields into a spec at whole seconds (docs/exporter.md, "Objects").
 pub fn set_spec_times(spec: &mut LeaseSpec, t: TimeFields) {
     spec.begin_time = t.begin.map(conditions::truncate);
     spec.end_time = t.end.map(conditions::truncate);

@@ -1,6 +1,6 @@
-//! The controller gRPC server (spec §7.1): one TLS listener on `--exporter-grpc-bind-address`
-//! serving ControllerService, ClientService, gRPC health and reflection, only while this replica
-//! leads.
+//! The controller gRPC server (docs/exporter.md, "The gRPC server"): one TLS listener on
+//! `--exporter-grpc-bind-address` serving ControllerService, ClientService, gRPC health and
+//! reflection, only while this replica leads.
 
 pub mod auth;
 pub mod client;
@@ -28,7 +28,7 @@ use crate::runtime::Runtime;
 use client::ClientApi;
 use controller::Controller;
 
-/// The self-signed certificate every leader serves (rule 7.1.1).
+/// The self-signed certificate every leader serves (docs/exporter.md, "Certificates").
 pub const TLS_SECRET: &str = "ucm-exporter-grpc-tls";
 
 /// Runs until shutdown: serves while leading, stops on loss, starts again on re-acquisition.

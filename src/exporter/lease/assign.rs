@@ -1,6 +1,6 @@
-//! Pure Lease decisions (spec §6): the assignment decision order, policy approval, filters and
-//! ordering, the Pending backoff, and the start/end/expiry rules. The reconciler gathers the
-//! inputs (IO) and writes the result.
+//! Pure Lease decisions (docs/exporter.md, "Lease assignment" and "The Lease pass"): the
+//! assignment decision order, policy approval, filters and ordering, the Pending decisions, and
+//! the start/end/expiry rules. The reconciler gathers the inputs (IO) and writes the result.
 
 use std::time::Duration;
 
@@ -27,10 +27,10 @@ pub const ENDED_VALUE: &str = "true";
 
 const MAX_DESCRIPTIONS: usize = 4096;
 
-/// What the assignment step decided (§6.2).
+/// What the assignment step decided (docs/exporter.md, "Lease assignment").
 #[derive(Debug, Clone, PartialEq)]
 pub enum Assignment {
-    /// Row 1: scheduled for later; no condition.
+    /// Row 3: scheduled for later; no condition.
     Scheduled(Duration),
     Invalid {
         reason: &'static str,
@@ -107,7 +107,7 @@ fn requested_duration(lease: &Lease) -> SignedDuration {
 }
 
 /// `spec.duration`, parsed; `Err` is the InvalidDuration message. OURS: as on the gRPC path
-/// (§6.6), a duration must be positive.
+/// (docs/exporter.md, "Lease time fields"), a duration must be positive.
 fn lease_duration(lease: &Lease) -> Option<Result<SignedDuration, String>> {
     let d = lease.spec.duration.as_deref()?;
     Some(match godur::parse_signed(d) {
@@ -133,7 +133,8 @@ fn time_range_problem(lease: &Lease) -> Option<Assignment> {
     })
 }
 
-/// The §6.2 decision order. Runs only while the lease is not ended and has no exporter.
+/// The decision order of docs/exporter.md, "Lease assignment". Runs only while the lease is not
+/// ended and has no exporter.
 pub fn decide_assignment(inp: &AssignInputs<'_>) -> Assignment {
     let lease = inp.lease;
     if let Some(invalid) = time_range_problem(lease) {
@@ -356,9 +357,9 @@ struct Approval<'a> {
     problems: Vec<String>,
 }
 
-/// Policy approval (rules 6.2.1–6.2.3): one approval per applicable rule. A missing Client,
-/// needed only when policies exist, is `Pending/ClientNotFound` (OURS: upstream retries with
-/// no condition, so the user sees nothing).
+/// Policy approval (docs/exporter.md, "Lease assignment"): one approval per applicable rule. A
+/// missing Client, needed only when policies exist, is `Pending/ClientNotFound` (OURS: upstream
+/// retries with no condition, so the user sees nothing).
 fn approve<'a>(
     inp: &AssignInputs<'_>,
     candidates: &[&'a Exporter],
@@ -487,7 +488,7 @@ fn attach_existing<'a>(mut approved: Vec<Approved<'a>>, active: &[&Lease]) -> Ve
     approved
 }
 
-/// §6.3 rule 2: unleased first, non-spot first, higher priority first, then name.
+/// Ordering: unleased first, non-spot first, higher priority first, then name.
 fn order(mut approved: Vec<Approved<'_>>) -> Vec<Approved<'_>> {
     approved.sort_by(|a, b| {
         a.existing_spot
@@ -500,7 +501,7 @@ fn order(mut approved: Vec<Approved<'_>>) -> Vec<Approved<'_>> {
     approved
 }
 
-/// Ready filter (row 11): `Available`, `Unspecified` or absent, and (OURS) not owing afterLease.
+/// Ready filter (row 14): `Available`, `Unspecified` or absent, and (OURS) not owing afterLease.
 pub fn is_ready(exporter: &Exporter) -> bool {
     let Some(status) = exporter.status.as_ref() else {
         return true;
@@ -512,8 +513,9 @@ pub fn is_ready(exporter: &Exporter) -> bool {
     status_ok && !owes_after_lease(status)
 }
 
-/// Rule 5.4.3: the chosen exporter, read fresh just before the write, must still be ready.
-/// Returns the Pending decision that replaces the assignment when it is not.
+/// docs/exporter.md, "Lease hooks: the assignment gate": the chosen exporter, read fresh just
+/// before the write, must still be ready. Returns the Pending decision that replaces the assignment
+/// when it is not.
 pub fn gate_on_fresh(exporter: &Exporter) -> Option<Assignment> {
     if is_ready(exporter) {
         return None;
@@ -555,7 +557,7 @@ fn gate_suffix<'a>(exporters: impl Iterator<Item = &'a Exporter>) -> String {
     out
 }
 
-/// The result of one Lease pass (§6.2, §6.5).
+/// The result of one Lease pass (docs/exporter.md, "The Lease pass").
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseOutcome {
     pub status: LeaseStatus,
@@ -630,7 +632,7 @@ pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestam
                     generation,
                     &stamp,
                 );
-                // OURS (issue 21): no timer. What a pending lease waits for (an exporter
+                // OURS: no timer. What a pending lease waits for (an exporter
                 // freed, online, ready or relabelled; a policy or its client changed) brings
                 // its next pass; a timer per pending lease kept the queue busy for ever.
             }
@@ -648,7 +650,7 @@ pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestam
         }
     }
 
-    // Start (6.5.1): Pending keeps its last value (upstream quirk).
+    // Start: Pending keeps its last value (upstream quirk).
     if status.exporter_ref_name().is_some() && status.begin_time.is_none() {
         status.begin_time = Some(stamp.clone());
         conditions::set(
@@ -664,7 +666,7 @@ pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestam
         );
     }
 
-    // End (6.5.2), first match wins.
+    // End, first match wins.
     if !status.ended {
         if conditions::is_true(&conds, UNSATISFIABLE) || conditions::is_true(&conds, INVALID) {
             status.ended = true;
@@ -720,9 +722,9 @@ pub fn is_active(lease: &Lease) -> bool {
     !labelled_ended && lease.status.as_ref().is_some_and(|s| !s.ended)
 }
 
-/// The lease an exporter holds (§4.2 step 3): active, assigned to it; with several (which
-/// should not happen), the earliest `status.beginTime`, then the lowest name. The bool reports
-/// that several matched.
+/// The lease an exporter holds (docs/exporter.md, "The Exporter pass", step 3): active, assigned to
+/// it; with several (which should not happen), the earliest `status.beginTime`, then the lowest
+/// name. The bool reports that several matched.
 pub fn held_lease<'a>(exporter_name: &str, leases: &'a [Lease]) -> (Option<&'a Lease>, bool) {
     let mut held: Vec<&Lease> = leases
         .iter()

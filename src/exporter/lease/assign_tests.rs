@@ -1,5 +1,6 @@
-//! Unit tests of the Lease decisions: the upstream matrix (A20), ordering (A21), the backoff
-//! table (A22), scheduling and expiry (A23) and the afterLease gate (A39).
+//! Unit tests of the Lease decisions (docs/exporter.md, "Lease assignment", "The Lease pass",
+//! "Lease hooks: the assignment gate"): upstream's decision matrix, ordering, pending leases
+//! without a timer, scheduling and expiry, and the afterLease gate.
 
 use std::collections::BTreeMap;
 
@@ -686,7 +687,7 @@ fn pending_keeps_its_value_after_acquisition() {
         message: "m".into(),
     });
     let out = build_status(&l, pending, ts(NOW));
-    // A pending lease waits on its triggers, not on a timer (issue 21).
+    // A pending lease waits on its triggers, not on a timer.
     assert_eq!(out.requeue_after, None);
     l.status = Some(out.status);
     let out = build_status(&l, assign_a(), ts(NOW + 5));

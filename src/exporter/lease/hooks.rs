@@ -1,6 +1,7 @@
-//! Lease hooks record transitions on ReportStatus (spec §5.3) and the optional hook metadata a
-//! recording exporter sends (§5.5.2). Pure: the gRPC handler reads the Exporter, calls
-//! [`apply_report`] with the stored `exporterStatus` as `prev`, then writes.
+//! Lease hooks record transitions on ReportStatus (docs/exporter.md, "Lease hooks: transitions";
+//! the tests' rows are its rows) and the optional hook metadata a recording exporter sends ("Lease
+//! hooks: metadata"). Pure: the gRPC handler reads the Exporter, calls [`apply_report`] with the
+//! stored `exporterStatus` as `prev`, then writes.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -8,15 +9,15 @@ use crate::exporter::crd::{
     ExporterStatus, ExporterStatusValue, HookOnFailure, HookPhase, HookState,
 };
 
-/// Request metadata: `<hook>=<Succeeded|Failed|Skipped>`, may repeat (rule 5.5.2).
+/// Request metadata: `<hook>=<Succeeded|Failed|Skipped>`, may repeat.
 pub const HOOK_PHASE_MD: &str = "jumpstarter-lease-hook-phase";
-/// Request metadata: `<hook>=<warn|endLease|exit>`, may repeat (rule 5.5.2).
+/// Request metadata: `<hook>=<warn|endLease|exit>`, may repeat.
 pub const HOOK_ON_FAILURE_MD: &str = "jumpstarter-lease-hook-on-failure";
 
 pub const NO_BEFORE_LEASE: &str = "no beforeLease hook ran";
 pub const NO_AFTER_LEASE: &str = "no afterLease hook ran";
 const SKIPPED_BY_EXPORTER: &str = "skipped by the exporter";
-/// Rule 5.3.2: messages are capped at 1024 bytes.
+/// Messages are capped at 1024 bytes.
 const MESSAGE_LIMIT: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +62,7 @@ impl HookMetadata {
 
 /// Parses the values of [`HOOK_PHASE_MD`] and [`HOOK_ON_FAILURE_MD`] (each may repeat, and a
 /// proxy may have joined repeats with commas). Returns the valid entries and one line per
-/// invalid or contradictory entry, which the caller logs and otherwise ignores (rule 5.5.2).
+/// invalid or contradictory entry, which the caller logs and otherwise ignores.
 pub fn parse_metadata<'a>(
     phases: impl IntoIterator<Item = &'a str>,
     on_failure: impl IntoIterator<Item = &'a str>,
@@ -161,10 +162,10 @@ enum Step {
     End(HookPhase, Option<String>),
 }
 
-/// Applies one report to `status.leaseHooks` (rules 5.3, 5.5.2). `status` is the Exporter status
-/// as read before the report, so its `exporterStatus` is `prev`; the caller sets the reported
+/// Applies one report to `status.leaseHooks`. `status` is the Exporter status as read before the
+/// report, so its `exporterStatus` is `prev`; the caller sets the reported
 /// `exporterStatus` afterwards. Returns whether the record changed. Nothing happens unless the
-/// exporter records its hooks and a record exists (rule 5.1.5).
+/// exporter records its hooks and a record exists (docs/exporter.md, "Lease hooks: the record").
 pub fn apply_report(status: &mut ExporterStatus, report: &Report<'_>, now: &Time) -> bool {
     if status.records_lease_hooks != Some(true) {
         return false;
@@ -231,7 +232,7 @@ pub fn apply_report(status: &mut ExporterStatus, report: &Report<'_>, now: &Time
         S::Offline | S::Unspecified => {}
     }
 
-    // Explicit metadata overrides the inferred result for its hook (rule 5.5.2).
+    // Explicit metadata overrides the inferred result for its hook.
     for (hook, step) in [
         (Hook::BeforeLease, &mut before_step),
         (Hook::AfterLease, &mut after_step),

@@ -87,8 +87,9 @@ mod tests {
         }
     }
 
-    /// A35 (in-process half): reflection answers with the committed bytes, unknown options
-    /// (google.api.http annotations) included; the e2e test compares those with the package.
+    /// The in-process half of the descriptor check: reflection answers with the committed bytes,
+    /// unknown options (google.api.http annotations) included; the e2e test compares those with the
+    /// package.
     #[tokio::test]
     async fn reflection_serves_the_exact_descriptor_bytes() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1,5 +1,6 @@
-//! `ucm router` (spec §7.6): `jumpstarter.v1.RouterService.Stream` pairs the two streams that
-//! carry a router token with the same subject and forwards frames unchanged both ways.
+//! `ucm router` (docs/exporter.md, "The router"): `jumpstarter.v1.RouterService.Stream` pairs the
+//! two streams that carry a router token with the same subject and forwards frames unchanged both
+//! ways.
 
 pub mod token;
 
@@ -31,7 +32,7 @@ use crate::runtime::{Agent, Writer, logging, shutdown};
 use token::RouterKey;
 
 pub const NAME: &str = "router";
-/// The generated router key (rule 7.6.2), in the manager's namespace, data key `key`.
+/// The generated router key, in the manager's namespace, data key `key`.
 pub const KEY_SECRET: &str = "ucm-router-key";
 pub const KEY_DATA: &str = "key";
 
@@ -132,7 +133,7 @@ impl RouterService for Router {
                     },
                 );
                 debug!(stream = %sub, "router: first stream waiting for its peer");
-                // An unpaired stream ends when its token expires (rule 7.6.4).
+                // An unpaired stream ends when its token expires.
                 let wait =
                     Duration::from_secs((claims.exp - Timestamp::now().as_second()).max(0) as u64);
                 let slots = self.slots.clone();
@@ -363,7 +364,7 @@ mod tests {
         }
     }
 
-    /// A34: pairing by `sub`, frames both ways unchanged, bad tokens and a third stream refused,
+    /// Pairing by `sub`, frames both ways unchanged, bad tokens and a third stream refused,
     /// and one side ending ends the other.
     #[tokio::test]
     async fn pairs_forwards_and_rejects() {

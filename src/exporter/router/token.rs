@@ -1,6 +1,6 @@
-//! Router tokens (spec §7.5.3, §7.6.2): HS256 JWTs that `Dial` mints and `ucm router` checks.
-//! The stream id is `sub`; the two streams carrying the same `sub` are paired. The key and the
-//! token text are never logged or put in errors.
+//! Router tokens (docs/exporter.md, "Dial and Listen" and "The router"): HS256 JWTs that `Dial`
+//! mints and `ucm router` checks. The stream id is `sub`; the two streams carrying the same `sub`
+//! are paired. The key and the token text are never logged or put in errors.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
