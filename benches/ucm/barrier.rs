@@ -1,4 +1,4 @@
-//! Phase `barrier` (issue 9 item 4 second half; snapshot.md §14): the barrier-held time of
+//! Phase `barrier` (docs/snapshot.md, "Testing": the performance goal): the barrier-held time of
 //! 3-replica rounds against the local API server, with the manager and three `ucm snapshot-agent`
 //! processes using the fake barrier and the loopfile backend. Per leg: from the start of the raise
 //! (freeze, else suspend) to the end of the lift (thaw, else resume), minus that leg's cut time,
@@ -206,9 +206,9 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     let rounds = ctx.barrier_rounds;
     vec![
         Figure::new(PHASE, "barrier.held_median", &format!("barrier held minus cut, 3-replica rounds: per-run median ({rounds} rounds × 3 legs per run)"), "ms", run_medians)
-            .reference(200.0, "ucm goal: p95 under 200 ms (snapshot.md §14); upstream agents poll every 1–2 s", false),
+            .reference(200.0, "ucm goal: p95 under 200 ms (docs/snapshot.md, \"Testing\"); upstream agents poll every 1–2 s", false),
         Figure::new(PHASE, "barrier.held_p99", &format!("barrier held minus cut, 3-replica rounds: per-run p99 ({rounds} rounds × 3 legs per run)"), "ms", run_p99)
-            .reference(200.0, "ucm goal: p95 under 200 ms (snapshot.md §14)", false)
+            .reference(200.0, "ucm goal: p95 under 200 ms (docs/snapshot.md, \"Testing\")", false)
             .note(format!(
                 "over all {} legs: median {:.1} ms, p99 {:.1} ms, max {:.1} ms; create to readyToUse: median {:.0} ms",
                 all_legs.len(),

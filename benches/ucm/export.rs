@@ -1,10 +1,10 @@
-//! Phase `export` (issue 9 item 6, issue 7's benchmark): one 2 GiB file without holes, served
-//! by `ucm export-server` (HTTPS, raw and gzip) and by nginx from Debian (sendfile over plain
-//! HTTP, and HTTPS with the same certificate), compressed by pigz; the same file, in the same
+//! Phase `export` (docs/vmexport.md, "Performance goals", P1 and P2): one 2 GiB file without holes,
+//! served by `ucm export-server` (HTTPS, raw and gzip) and by nginx from Debian (sendfile over
+//! plain HTTP, and HTTPS with the same certificate), compressed by pigz; the same file, in the same
 //! run, from the page cache. curl downloads to /dev/null (gzip streams are not decompressed).
-//! Throughput is file bytes per second (for gzip: uncompressed bytes per second).
-//! The same raw download also goes through `ucm export-proxy` (KubeVirt's external URL, the
-//! token checked against an export and Secret on the phase's control plane) to the same server.
+//! Throughput is file bytes per second (for gzip: uncompressed bytes per second). The same raw
+//! download also goes through `ucm export-proxy` (KubeVirt's external URL, the token checked
+//! against an export and Secret on the phase's control plane) to the same server.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -319,7 +319,8 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     drop(web);
     drop(proxy);
 
-    // The gzip stream must be valid and round-trip to the source (vmexport.md §15 P2).
+    // The gzip stream must be valid and round-trip to the source (docs/vmexport.md, "Performance
+    // goals", P2).
     let sha = |cmd: &str| {
         let out = Command::new("bash").args(["-c", cmd]).output().expect("sh");
         assert!(
@@ -385,7 +386,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             .reference(median(&ratio(&scaling[3], &scaling[2])), "pigz -p2 / pigz -p1 on the same file", true)
             .higher_is_better()
             .note(format!(
-                "ucm goal: at least 1.7× (vmexport.md §15 P2); per-run ratios; server on 1 CPU median {:.0} MiB/s, on 2 CPUs {:.0} MiB/s; curl is not pinned and shares the 2 cores in the second case",
+                "ucm goal: at least 1.7× (docs/vmexport.md, \"Performance goals\", P2); per-run ratios; server on 1 CPU median {:.0} MiB/s, on 2 CPUs {:.0} MiB/s; curl is not pinned and shares the 2 cores in the second case",
                 median(&scaling[0]),
                 median(&scaling[1])
             )),

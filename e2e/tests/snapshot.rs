@@ -1,9 +1,9 @@
-//! Snapshot e2e (spec §16, protocol level): the manager and three real `ucm snapshot-agent`
-//! processes (one per fake node) against the local API server, with the fake barrier recording
-//! freeze/suspend/cut/resume/thaw per node and the loopfile backend in full-copy mode on real
-//! sparse files. MiroirSnapshot and MiroirVolume are cluster-scoped, so each of these tests holds
-//! `sole_snapshot_coordinator()` (one coordinator at a time on the shared cluster) and uses unique
-//! names.
+//! Snapshot e2e (docs/snapshot.md, "Testing"; protocol level): the manager and three real `ucm
+//! snapshot-agent` processes (one per fake node) against the local API server, with the fake
+//! barrier recording freeze/suspend/cut/resume/thaw per node and the loopfile backend in full-copy
+//! mode on real sparse files. MiroirSnapshot and MiroirVolume are cluster-scoped, so each of these
+//! tests holds `sole_snapshot_coordinator()` (one coordinator at a time on the shared cluster) and
+//! uses unique names.
 
 use std::time::{Duration, Instant};
 
@@ -180,9 +180,10 @@ fn ready_condition(s: &MiroirSnapshot) -> Option<(String, String, String)> {
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Spec acceptance: a 3-replica round publishes with every slot Done and byte-identical files;
-/// the records show freeze/thaw on the mounting node only, suspend → cut → resume on every
-/// diskful node, and no cut before every barrier was up; the agents lifted before publish.
+/// Acceptance (docs/snapshot.md, "Round sequence"): a 3-replica round publishes with every slot
+/// Done and byte-identical files; the records show freeze/thaw on the mounting node only, suspend →
+/// cut → resume on every diskful node, and no cut before every barrier was up; the agents lifted
+/// before publish.
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn three_replica_round_publishes_with_identical_legs() {
@@ -361,7 +362,7 @@ fn open_round(s: &MiroirSnapshot) -> Option<String> {
         .flatten()
 }
 
-/// Bad input: the API server refuses a retargeted volumeName with the spec's message, an
+/// Bad input: the API server refuses a retargeted volumeName with upstream's message, an
 /// invalid perNode value and a bad condition reason; MiroirVolume keeps fields outside ucm's
 /// subset; a snapshot of a missing volume reports VolumeNotFound and recovers when it appears.
 #[tokio::test]
@@ -393,7 +394,8 @@ async fn bad_input_is_refused_or_reported() {
         format!("MiroirVolume {vol} not found; create it or delete this snapshot")
     );
 
-    // Retargeting is refused by the API server with the spec's message (rule 4.1.1).
+    // Retargeting is refused by the API server with upstream's message (docs/snapshot.md,
+    // "Objects").
     let err = rig
         .snapshots()
         .patch(
@@ -548,7 +550,8 @@ async fn silent_agent_voids_the_round_and_the_next_round_succeeds() {
         .await;
     }
 
-    // Deletion after the volume is gone still removes every backend snapshot (T26).
+    // Deletion after the volume is gone still removes every backend snapshot (docs/snapshot.md,
+    // "Finalizers and deletion").
     rig.volumes()
         .delete(&vol, &DeleteParams::default())
         .await
@@ -918,8 +921,9 @@ async fn failing_suspend_clears_its_flag_and_voids_the_round() {
     rig.cleanup_snapshots(&[&snap], &[&vol]).await;
 }
 
-/// Resume before publish (I4, T20): with the manager paused after the round opened, the legs
-/// still cut, see every slot Done and lift; readyToUse appears only once the manager runs again.
+/// Resume before publish (I4 of docs/snapshot.md, "Invariants"): with the manager paused after the
+/// round opened, the legs still cut, see every slot Done and lift; readyToUse appears only once the
+/// manager runs again.
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn agents_lift_before_the_manager_publishes() {

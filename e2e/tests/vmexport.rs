@@ -967,7 +967,7 @@ async fn e4_e8_e18_pause_pod_lifecycle_and_phase_metric() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // E4: a new user of the claim pauses the export: pod deleted, links gone
+    // A new user of the claim pauses the export: pod deleted, links gone
     user_pod(&c, &ns, "user", "d").await;
     let paused = wait_phase(&c, &ns, "p", "Pending", "InUse").await;
     assert!(paused.status.unwrap().links.is_none());
@@ -996,7 +996,7 @@ async fn e4_e8_e18_pause_pod_lifecycle_and_phase_metric() {
         "the URLs do not change across a pause"
     );
 
-    // E8: a failed pod is replaced
+    // A failed pod is replaced
     let uid = pod_uid(&c, &ns, "virt-export-p").await.unwrap();
     mark_pod(&c, &ns, "virt-export-p", "Failed", false).await;
     eventually(WAIT, "a new export pod after Failed", || async {
@@ -1115,7 +1115,7 @@ async fn e14_e15_e17_external_links_cert_params_and_gc() {
         format!("{base}/external/manifests/secret")
     );
 
-    // E15: a restart with another certificate duration replaces the pod
+    // A restart with another certificate duration replaces the pod
     let uid = pod_uid(&c, &ns, "virt-export-x").await.unwrap();
     drop(m);
     let m2 = Manager::start(
@@ -1150,7 +1150,7 @@ async fn e14_e15_e17_external_links_cert_params_and_gc() {
     })
     .await;
 
-    // E17: deleting the export lets the garbage collector remove every child
+    // Deleting the export lets the garbage collector remove every child
     Api::<VirtualMachineExport>::namespaced(c.clone(), &ns)
         .delete("x", &Default::default())
         .await
@@ -2284,7 +2284,8 @@ fn link_urls(l: &ucm::vmexport::types::VirtualMachineExportLink) -> Vec<String> 
     urls
 }
 
-/// Issue 18: what virtctl does with only `export.kubevirt.io/v1` (v1.9 and later) and with only
+/// Both client generations (README, "VM export: API versions, clients and external links"):
+/// what virtctl does with only `export.kubevirt.io/v1` (v1.9 and later) and with only
 /// `v1beta1` (v1.8): create a VM export with a token Secret of its own, wait for `phase=Ready`
 /// and links, download every format through the internal link and through `ucm export-proxy`
 /// (the external link; also under the v1beta1 and v1alpha1 paths), resume a download, apply the
@@ -2550,9 +2551,10 @@ async fn e20_v1_and_v1beta1_clients_internal_and_proxy_links() {
     }
 }
 
-/// Issue 18: without --export-external-host, links.external comes from the Ingress in the
-/// manager's namespace that routes to Service ucm-export-proxy, with the CA of its TLS Secret,
-/// as KubeVirt finds its proxy's Ingress; it follows the Ingress (created, then deleted).
+/// External links (docs/vmexport.md, "Settings"): without --export-external-host, links.external
+/// comes from the Ingress in the manager's namespace that routes to Service ucm-export-proxy, with
+/// the CA of its TLS Secret, as KubeVirt finds its proxy's Ingress; it follows the Ingress
+/// (created, then deleted).
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn e21_external_links_from_the_proxy_ingress() {

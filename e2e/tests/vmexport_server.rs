@@ -1,6 +1,6 @@
 //! `ucm export-server` as a real process on real files, with curl, gzip and tar as clients
-//! (vmexport.md §16.4). Certificates come from the manager's issuing code, and curl checks them
-//! against the CA and the Service name.
+//! (docs/vmexport.md, "Export server"). Certificates come from the manager's issuing code, and curl
+//! checks them against the CA and the Service name.
 
 use std::fs;
 use std::io::Write;

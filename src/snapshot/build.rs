@@ -1,9 +1,10 @@
-//! The manager's state table (spec §7) as one pure `decide` function.
+//! The manager's state table (docs/snapshot.md, "Manager states"; rows below are its rows) as
+//! one pure `decide` function. I1–I13: docs/snapshot.md, "Invariants".
 //!
 //! Input: the snapshot, its volume, the agents' heartbeats, whether another snapshot of the
 //! volume holds an open round, and the clock. Output: one step to write, the desired `Ready`
 //! condition, the event to emit after a successful write and the exact moment to look again.
-//! No round state lives outside the object (spec §7, rule 2).
+//! No round state lives outside the object.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use kube::ResourceExt;
 use super::round::{self, RoundView, after, clock, elapsed, format_stamp, human, parse_stamp};
 use super::types::{FINALIZER_PREFIX, MiroirSnapshot, MiroirVolume, SlotState, teardown_finalizer};
 
-/// Manager timing (spec §15).
+/// Manager timing (docs/snapshot.md, "Settings and RBAC").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// D: a round is void this long after `suspendedAt`.
@@ -154,7 +155,7 @@ impl Decision {
     }
 }
 
-/// Condition reasons (spec §9).
+/// Condition reasons (docs/snapshot.md, "Conditions and events").
 pub mod reason {
     pub const SNAPSHOT_READY: &str = "SnapshotReady";
     pub const VOLUME_NOT_FOUND: &str = "VolumeNotFound";
@@ -166,7 +167,7 @@ pub mod reason {
     pub const TEARDOWN_PENDING: &str = "TeardownPending";
     /// OURS: a replica node name that cannot form its teardown finalizer.
     pub const INVALID_VOLUME: &str = "InvalidVolume";
-    /// OURS (issue 21): `readyToUse` is true but no node reports a Done cut, so no round of
+    /// OURS: `readyToUse` is true but no node reports a Done cut, so no round of
     /// ours published it (another writer set it): reported, never built on.
     pub const READY_WITHOUT_CUT: &str = "ReadyWithoutCut";
     /// Every reason the manager writes, for validation tests.
@@ -184,7 +185,7 @@ pub mod reason {
     ];
 }
 
-/// Event reasons the manager emits (spec §9).
+/// Event reasons the manager emits (docs/snapshot.md, "Conditions and events").
 pub mod event {
     pub const ROUND_OPENED: &str = "RoundOpened";
     pub const ROUND_SUCCEEDED: &str = "RoundSucceeded";
@@ -242,7 +243,8 @@ fn stale_message(o: &Observed<'_>, node: &str) -> String {
     }
 }
 
-/// Gate 5.7.5, read from the volume status: the first failing diskful node and why.
+/// Open gate 5 (docs/snapshot.md, "Open gates"), read from the volume status: the first failing
+/// diskful node and why.
 fn replica_health(volume: &MiroirVolume, diskful: &[String]) -> Option<String> {
     let per_node = volume.status.as_ref().map(|st| &st.per_node)?;
     for n in diskful {
@@ -276,7 +278,7 @@ fn open_message(stamp: Timestamp, deadline: Duration, diskful: &[String]) -> Str
     )
 }
 
-/// The manager's decision for one snapshot (spec §7; first match wins).
+/// The manager's decision for one snapshot (docs/snapshot.md, "Manager states"; first match wins).
 pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
     let snap = o.snapshot;
     let r = RoundView::of(snap);
@@ -489,7 +491,7 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
         }
     }
 
-    // Row 11: gates 5.7.2, 5.7.4 and 5.7.5.
+    // Row 11: open gates 2, 4 and 5.
     if diskful.is_empty() {
         let msg = format!(
             "MiroirVolume {} has no diskful replica; nothing to cut",
@@ -526,7 +528,7 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
         );
     }
 
-    // Row 13: open. A new stamp must differ from the last one (spec §4.1, rule 5).
+    // Row 13: open. A new stamp must differ from the last one (docs/snapshot.md, "Objects").
     let now = round::truncate(o.now);
     if let Some(prev) = stamp
         && now <= prev

@@ -1,8 +1,8 @@
 //! The `snapshot` feature: the MiroirSnapshot round coordinator (manager side) and
 //! `ucm snapshot-agent` (the per-node data path).
 //!
-//! Spec: `shared/spec/snapshot.md`. Upstream (Miroir) is AGPL: this is a clean-room design from
-//! the spec's behaviour only.
+//! Design: docs/snapshot.md. Upstream (Miroir) is AGPL: this is a clean-room design from
+//! upstream's documented behaviour only.
 
 pub mod agent;
 pub mod build;
@@ -26,7 +26,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![types::MiroirSnapshot::crd(), types::MiroirVolume::crd()]
 }
 
-// The manager's settings for this feature (spec §15).
+// The manager's settings for this feature (docs/snapshot.md, "Settings and RBAC").
 #[derive(Args, Debug, Clone)]
 pub struct Settings {
     /// D: a snapshot round is voided this long after it opened; keep equal to the agents' value.
@@ -46,7 +46,7 @@ pub struct Settings {
     pub agent_stale_after: Duration,
 }
 
-/// The manager's rules (spec §15).
+/// The manager's rules (docs/snapshot.md, "Settings and RBAC").
 pub fn rbac() -> Vec<PolicyRule> {
     vec![
         rule(

@@ -122,7 +122,7 @@ pub struct Context {
     pub leases: Store<Lease>,
     pub settings: build::Settings,
     pub metrics: RoundMetrics,
-    /// Per-volume lock around the check-and-open step (I8).
+    /// Per-volume lock around the check-and-open step (I8, docs/snapshot.md, "Invariants").
     volume_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -161,7 +161,8 @@ impl Context {
 }
 
 /// Whether a heartbeat of `node`'s agent can change this snapshot's decision: a deletion that
-/// waits on that node's finalizer, or an open gated on replicas (rows 1 and 11). Every replica
+/// waits on that node's finalizer, or an open gated on replicas (rows 1 and 11 of
+/// docs/snapshot.md, "Manager states"). Every replica
 /// node has a finalizer, so the finalizer list names the nodes that matter.
 pub fn waits_on_agent(s: &MiroirSnapshot, node: &str) -> bool {
     let mine = super::types::teardown_finalizer(node);
@@ -180,7 +181,7 @@ pub fn waits_on_agent(s: &MiroirSnapshot, node: &str) -> bool {
         })
 }
 
-/// The snapshot waits for another snapshot's round on its volume (row 12).
+/// The snapshot waits for another snapshot's round on its volume (manager row 12).
 pub fn waits_on_round(s: &MiroirSnapshot) -> bool {
     s.status.as_ref().is_some_and(|st| {
         conditions::find(&st.conditions, READY)
@@ -235,7 +236,8 @@ fn to_patch(v: serde_json::Value) -> Result<json_patch::Patch, Error> {
 pub async fn reconcile(snap: Arc<MiroirSnapshot>, ctx: Arc<Context>) -> Result<Action, Error> {
     let mut snap = (*snap).clone();
     let mut fresh = false;
-    // At most: one uncached re-read (row 8) and one re-decision under the volume lock (row 13).
+    // At most: one uncached re-read (manager row 8) and one re-decision under the volume lock
+    // (row 13).
     for _ in 0..3 {
         let now = Timestamp::now();
         let volume = ctx.volume(&snap.spec.volume_name);

@@ -1,5 +1,5 @@
 //! Pure helpers shared by the manager and the agent: round identity, time stamps, slot queries
-//! and the exact fenced JSON Patch bodies (spec §5.3, §5.4).
+//! and the exact fenced JSON Patch bodies (docs/snapshot.md, "Slot writes" and "Round writes").
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,7 +15,7 @@ pub fn parse_stamp(s: &str) -> Option<Timestamp> {
     s.parse::<Timestamp>().ok()
 }
 
-/// RFC 3339 UTC with second precision (spec §4.1, rule 5).
+/// RFC 3339 UTC with second precision (docs/snapshot.md, "Objects").
 pub fn format_stamp(ts: Timestamp) -> String {
     truncate(ts).to_string()
 }
@@ -139,7 +139,8 @@ fn conditions_value(conditions: &[Condition]) -> Value {
     serde_json::to_value(conditions).unwrap_or_else(|_| json!([]))
 }
 
-/// The agent's slot write (spec §5.3): exactly three tests and one add on its own escaped key.
+/// The agent's slot write (docs/snapshot.md, "Slot writes"): exactly three tests and one add on its
+/// own escaped key.
 pub fn agent_slot_patch(uid: &str, suspended_at: &str, node: &str, state: SlotState) -> Value {
     json!([
         test("/metadata/uid", json!(uid)),
@@ -152,9 +153,9 @@ pub fn agent_slot_patch(uid: &str, suspended_at: &str, node: &str, state: SlotSt
     ])
 }
 
-/// First status write of the manager (spec §5.2): `readyToUse` and `ioSuspended` become present
-/// (false), keeping every other status field. Fenced by `resourceVersion` because no round can
-/// be open yet.
+/// First status write of the manager (docs/snapshot.md, "Who writes what"): `readyToUse` and
+/// `ioSuspended` become present (false), keeping every other status field. Fenced by
+/// `resourceVersion` because no round can be open yet.
 pub fn init_patch(
     uid: &str,
     resource_version: &str,
@@ -187,7 +188,7 @@ fn round_tests(uid: &str, io_suspended: bool, suspended_at: Option<&str>) -> Vec
     ops
 }
 
-/// Open a round (spec §5.4.1).
+/// Open a round (docs/snapshot.md, "Round writes").
 pub fn open_patch(
     uid: &str,
     observed_suspended_at: Option<&str>,
@@ -212,9 +213,9 @@ pub fn open_patch(
     Value::Array(ops)
 }
 
-/// The fence of a write to an open round: its `suspendedAt`, or, for a round whose stamp is
-/// missing (row 8 voids it as expired), the resourceVersion, as `open_patch` does. A test on
-/// the absent field would always fail and leave such a round suspended forever (found by the
+/// The fence of a write to an open round: its `suspendedAt`, or, for a round whose stamp is missing
+/// (manager row 8 voids it as expired), the resourceVersion, as `open_patch` does. A test on the
+/// absent field would always fail and leave such a round suspended forever (found by the
 /// `snapshot_round` fuzz target).
 fn open_round_tests(uid: &str, round: Option<&str>, resource_version: &str) -> Vec<Value> {
     let mut ops = round_tests(uid, true, round);
@@ -224,7 +225,8 @@ fn open_round_tests(uid: &str, round: Option<&str>, resource_version: &str) -> V
     ops
 }
 
-/// Publish a round in one fenced write (spec §5.4.2). `round` is the observed `suspendedAt`.
+/// Publish a round in one fenced write (docs/snapshot.md, "Round writes"). `round` is the observed
+/// `suspendedAt`.
 pub fn publish_patch(
     uid: &str,
     round: Option<&str>,
@@ -250,7 +252,7 @@ pub fn publish_patch(
     Value::Array(ops)
 }
 
-/// Void a round (spec §5.4.3). `round` is the observed `suspendedAt`.
+/// Void a round (docs/snapshot.md, "Round writes"). `round` is the observed `suspendedAt`.
 pub fn void_patch(
     uid: &str,
     round: Option<&str>,
@@ -495,7 +497,7 @@ mod tests {
 
     #[test]
     fn a_round_without_its_stamp_can_still_be_voided_or_published() {
-        // ioSuspended with no suspendedAt (row 8 voids it as expired): fenced on the
+        // ioSuspended with no suspendedAt (manager row 8 voids it as expired): fenced on the
         // resourceVersion, since a test on the missing field could never pass.
         let doc = json!({"metadata": {"uid": "u", "resourceVersion": "9"}, "status": {
             "readyToUse": false, "ioSuspended": true, "perNode": {"a": "Pending"}}});

@@ -1,7 +1,8 @@
-//! CRD types: MiroirSnapshot (the seed, word for word) and the MiroirVolume subset ucm reads.
+//! CRD types: MiroirSnapshot (upstream's CRD, word for word) and the MiroirVolume subset ucm reads
+//! (docs/snapshot.md, "Objects").
 //!
-//! Descriptions of MiroirSnapshot fields are copied from the seed so `kubectl explain` matches
-//! upstream; the condition item schema is written by hand because k8s-openapi's `Condition`
+//! Descriptions of MiroirSnapshot fields are copied from upstream's CRD so `kubectl explain`
+//! matches upstream; the condition item schema is written by hand because k8s-openapi's `Condition`
 //! schema carries no patterns and joins its sentences differently.
 
 use std::collections::BTreeMap;
@@ -17,7 +18,7 @@ pub const GROUP: &str = "miroir.home-operations.com";
 pub const FINALIZER_PREFIX: &str = "miroir.home-operations.com/teardown-";
 /// The one condition type ucm maintains on a MiroirSnapshot.
 pub const READY: &str = "Ready";
-/// Message of the CEL rule on `spec.volumeName` (spec §4.1, rule 1).
+/// Message of the CEL rule on `spec.volumeName` (docs/snapshot.md, "Objects").
 pub const VOLUME_NAME_IMMUTABLE: &str =
     "volumeName is immutable: the snapshot's backend data lives on the volume it was cut from";
 
@@ -50,7 +51,7 @@ pub struct MiroirSnapshotSpec {
     /// Immutable: the backend CoW snapshots were cut on the source volume's
     /// replicas, so retargeting the reference would point restores and
     /// per-node teardown at a volume that never held them.
-    // OURS: minLength 1. The seed marks it required; an empty name references no volume and,
+    // OURS: minLength 1. Upstream's CRD marks it required; an empty name references no volume and,
     // being immutable, could never be fixed.
     #[schemars(length(min = 1))]
     #[schemars(extend("x-kubernetes-validations" = [{
@@ -60,7 +61,7 @@ pub struct MiroirSnapshotSpec {
     pub volume_name: String,
 }
 
-// One node's progress in a round (`status.perNode` values); a plain comment so the seed's
+// One node's progress in a round (`status.perNode` values); a plain comment so upstream's
 // `perNode` description stays the only one `kubectl explain` shows.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum SlotState {
@@ -126,7 +127,7 @@ pub struct MiroirSnapshotStatus {
     /// deadline even if a peer never snapshots.
     ///
     /// Kept as the exact string the API server returned: agents echo it in their fenced
-    /// patches and must never re-format it (spec §4.1, rule 5).
+    /// patches and must never re-format it (docs/snapshot.md, "Objects").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         description = "SuspendedAt bounds the barrier: the coordinator resumes IO at the\ndeadline even if a peer never snapshots.",
@@ -140,7 +141,7 @@ pub struct MiroirSnapshotStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// The seed's condition list, word for word (metav1.Condition as controller-gen emits it).
+/// Upstream's condition list, word for word (metav1.Condition as controller-gen emits it).
 fn conditions_schema(_: &mut SchemaGenerator) -> Schema {
     let mut schema = crate::conditions::metav1_schema(
         "lastTransitionTime is the last time the condition transitioned from one status to another.\nThis should be when the underlying condition changed. If that is not known, then using the time when the API field changed is acceptable.",
@@ -442,7 +443,7 @@ mod tests {
         );
         assert_eq!(p["observedGeneration"]["minimum"], 0.0);
         assert_eq!(p["lastTransitionTime"]["format"], "date-time");
-        // Nothing added beyond the seed (runtime.md §8).
+        // Nothing added beyond upstream's schema (docs/runtime.md, "Conditions").
         assert!(c.get("x-kubernetes-list-type").is_none());
     }
 

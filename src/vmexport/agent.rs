@@ -1,5 +1,5 @@
 //! `ucm export-server` registered as the vmexport feature's agent. Its configuration is the
-//! environment the export pod sets (vmexport.md §8.1, §13.1); the flags only shape logging.
+//! environment the export pod sets (docs/vmexport.md, "Export pod"); the flags only shape logging.
 
 use clap::{Args, FromArgMatches};
 use futures::future::BoxFuture;

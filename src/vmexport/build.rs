@@ -1,5 +1,6 @@
 //! Pure decision logic of the vmexport reconciler: no client, no clock (time is a parameter).
-//! Each function turns plain inputs into plain objects (runtime.md §6 rule 1).
+//! Each function turns plain inputs into plain objects (docs/architecture.md, "How a pass is
+//! built"). Section headers below name the sections of docs/vmexport.md.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -60,7 +61,7 @@ pub const REASON_VMSNAPSHOT_NO_VOLUMES: &str = "VMSnapshotNoVolumes";
 pub const REASON_NOT_ALL_PVCS_CREATED: &str = "NotAllPVCsCreated";
 pub const REASON_ALL_PVCS_READY: &str = "AllPVCsReady";
 pub const REASON_NOT_ALL_PVCS_READY: &str = "NotAllPVCsReady";
-// OURS (§10.3)
+// OURS ("Failures")
 pub const REASON_UNSUPPORTED_SOURCE: &str = "UnsupportedSource";
 pub const REASON_SOURCE_API_NOT_INSTALLED: &str = "SourceAPINotInstalled";
 pub const REASON_POD_CREATION_FAILED: &str = "PodCreationFailed";
@@ -101,7 +102,7 @@ pub const ANN_CONTENT_TYPE: &str = "cdi.kubevirt.io/storage.contentType";
 
 pub const TOKEN_KEY: &str = "token";
 pub const TOKEN_HEADER: &str = "x-kubevirt-export-token";
-/// OURS: upstream uses 20 characters (§7.3.3).
+/// OURS: upstream uses 20 characters ("Token").
 pub const TOKEN_LENGTH: usize = 32;
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(2 * 3600);
@@ -115,7 +116,7 @@ pub const MANIFESTS_SECRET_PATH: &str = "/manifests/secret";
 /// qemu UID/GID that owns CDI disk images (#9742).
 pub const KVM_ID: i64 = 107;
 
-// ---- Source classification (§9.1) ----
+// ---- Source classification ("Sources") ----
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SourceKind {
@@ -156,7 +157,7 @@ pub fn token_secret_ref_problem(spec: &VirtualMachineExportSpec) -> Option<Strin
     })
 }
 
-// ---- TTL (§12) ----
+// ---- TTL ("TTL") ----
 
 /// The lifetime to apply, and a warning text when the stored value does not parse (the CRD's
 /// CEL rule normally prevents that; an object stored before the rule existed falls back to 2h).
@@ -194,7 +195,7 @@ pub fn until_expiry(now: jiff::Timestamp, expiry: jiff::Timestamp) -> Option<Dur
     Some(Duration::try_from(d).unwrap_or(Duration::ZERO))
 }
 
-// ---- Conditions, KubeVirt mode (§10.2) ----
+// ---- Conditions, KubeVirt mode ("Phases and conditions") ----
 
 pub fn condition(type_: &str, status: bool, reason: &str, message: impl Into<String>) -> Condition {
     Condition {
@@ -207,7 +208,7 @@ pub fn condition(type_: &str, status: bool, reason: &str, message: impl Into<Str
     }
 }
 
-// ---- PVCs (§9.3, §9.4) ----
+// ---- PVCs ("Sources": populated, content, in use) ----
 
 pub fn is_block(pvc: &PersistentVolumeClaim) -> bool {
     pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
@@ -285,7 +286,7 @@ fn pod_mounts_claim(pod: &Pod, claim: &str) -> bool {
 
 /// A claim is in use if a pod in its namespace mounts it, is not this export's own pod (matched
 /// by controller owner UID), and has not terminated. Terminating pods still count; another
-/// export's pod counts (§9.4.1).
+/// export's pod counts ("Sources").
 pub fn pvc_in_use<'a>(
     pods: impl IntoIterator<Item = &'a Pod>,
     claim: &str,
@@ -304,7 +305,7 @@ pub fn pvc_in_use<'a>(
     })
 }
 
-// ---- Export pod state (§10.1) ----
+// ---- Export pod state ("Phases and conditions") ----
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PodState {
@@ -360,7 +361,7 @@ pub fn phase_from_pod(state: PodState, pod_name: &str) -> (&'static str, Conditi
     }
 }
 
-// ---- Volumes and environment (§8.1, §9.3) ----
+// ---- Volumes and environment ("Export pod", "Sources") ----
 
 /// One volume the pod serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -381,7 +382,7 @@ impl ExportVolume {
     }
 }
 
-/// Deduplicates by claim name, keeping first occurrence order (§7.2.4).
+/// Deduplicates by claim name, keeping first occurrence order ("Names", rule 4).
 pub fn dedup_volumes(vols: Vec<ExportVolume>) -> Vec<ExportVolume> {
     let mut seen = std::collections::HashSet::new();
     vols.into_iter()
@@ -429,7 +430,7 @@ pub fn volume_env(i: usize, v: &ExportVolume) -> Vec<EnvVar> {
     out
 }
 
-// ---- Links (§11) ----
+// ---- Links ("Links") ----
 
 /// Formats in upstream's order, with the env suffix that carries each URI.
 const FORMATS: [(&str, &str); 4] = [
@@ -456,7 +457,7 @@ pub struct LinkSettings {
 }
 
 /// Builds `status.links` from the ready pod's environment: the links describe what that pod
-/// serves, and the volume name is the `/volumes/<pvc>/` segment of the URI (§11.2).
+/// serves, and the volume name is the `/volumes/<pvc>/` segment of the URI ("Links", rule 2).
 pub fn links_from_pod(pod: &Pod, s: &LinkSettings) -> VirtualMachineExportLinks {
     let envs: BTreeMap<String, String> = pod
         .spec
@@ -607,7 +608,7 @@ fn volume_name_from_uri(uri: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
-// ---- Children (§7, §8) ----
+// ---- Children ("Children", "Export pod") ----
 
 pub fn owner_reference(export: &VirtualMachineExport) -> OwnerReference {
     OwnerReference {
@@ -721,7 +722,7 @@ pub fn build_token_secret(
     }
 }
 
-/// Manager settings that shape the export pod (§5).
+/// Manager settings that shape the export pod ("Settings").
 #[derive(Clone, Debug)]
 pub struct PodSettings {
     pub image: String,
@@ -755,7 +756,7 @@ impl Default for PodSettings {
 
 impl PodSettings {
     /// The `kubevirt.io/export.certParameters` annotation: Go's JSON of `time.Duration` fields,
-    /// nanoseconds. A change recreates the pod (§6.2 step 7).
+    /// nanoseconds. A change recreates the pod ("Pass steps", step 7).
     pub fn cert_params(&self) -> String {
         format!(
             "{{\"Duration\":{},\"RenewBefore\":{}}}",
@@ -985,7 +986,7 @@ pub fn build_pod(input: &PodInput<'_>, s: &PodSettings) -> Pod {
     }
 }
 
-/// `DEADLINE = min(cert notAfter - renewBefore, ttlExpirationTime)` (§7.4.4).
+/// `DEADLINE = min(cert notAfter - renewBefore, ttlExpirationTime)` ("Certificates", rule 4).
 pub fn deadline(
     cert_not_after: jiff::Timestamp,
     renew_before: Duration,
@@ -998,7 +999,7 @@ pub fn deadline(
     cert_deadline.min(ttl_expiry)
 }
 
-/// The initial status of a new export (§6.2 step 2).
+/// The initial status of a new export ("Pass steps", step 2).
 pub fn initial_status(ttl_expiry: jiff::Timestamp, now: &Time) -> VirtualMachineExportStatus {
     let mut conds = Vec::new();
     crate::conditions::set_kubevirt_condition(
@@ -1018,7 +1019,7 @@ pub fn initial_status(ttl_expiry: jiff::Timestamp, now: &Time) -> VirtualMachine
 #[path = "build_tests.rs"]
 mod tests;
 
-// ---- Manifest ConfigMap (§13.2), VM and snapshot sources ----
+// ---- Manifest ConfigMap ("Export server"), VM and snapshot sources ----
 
 /// What the manifest ConfigMap is built from.
 pub struct ManifestInput<'a> {
@@ -1060,18 +1061,18 @@ pub fn dv_storage(
     serde_json::Value::Object(st)
 }
 
-/// KubeVirt's API that expands instancetypes and preferences into a VM spec (§4).
+/// KubeVirt's API that expands instancetypes and preferences into a VM spec ("Optional APIs").
 pub const EXPAND_API: &str = "subresources.kubevirt.io/v1";
 
 /// Whether the VM references an instancetype or a preference, which only KubeVirt can expand
-/// into the `all` manifest (§4, §13.2).
+/// into the `all` manifest ("Optional APIs").
 pub fn needs_expansion(vm: &serde_json::Value) -> bool {
     ["instancetype", "preference"]
         .iter()
         .any(|k| vm["spec"].get(*k).is_some_and(|v| !v.is_null()))
 }
 
-/// The expand-spec call for a source's VM (§4). A live VM is expanded by name with
+/// The expand-spec call for a source's VM ("Optional APIs"). A live VM is expanded by name with
 /// `GET virtualmachines/<name>/expand-spec`. A snapshot's VM is the copy in the snapshot
 /// content, which the live VM may no longer match (or no longer exist), so that copy is sent to
 /// `PUT expand-vm-spec`, KubeVirt's endpoint for expanding a VM given in the body.

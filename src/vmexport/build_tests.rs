@@ -486,7 +486,7 @@ fn pod_render_pvc_source() {
     assert_eq!(env["DEADLINE"], "2026-01-01T02:00:00Z");
     assert_eq!(env["EXPORT_SECRET_DEF_URI"], "/manifests/secret");
     assert_eq!(env["EXPORT_NAME"], "e1");
-    // U4: no VM manifest for PVC sources, no TLS variables without flags
+    // No VM manifest for PVC sources, no TLS variables without flags
     assert!(!env.contains_key("EXPORT_VM_DEF_URI"));
     assert!(!env.contains_key("TLS_MIN_VERSION") && !env.contains_key("TLS_CIPHER_SUITES"));
     let pod_name_env = &spec.containers[0].env.as_ref().unwrap()[0];
@@ -534,7 +534,7 @@ fn pod_render_vm_source_and_tls_flags() {
 
 #[test]
 fn colliding_claim_names_get_unique_pod_volumes() {
-    // U3 (#19020): my.disk and my-disk sanitise alike; two disks on one claim appear once.
+    // kubevirt#19020: my.disk and my-disk sanitise alike; two disks on one claim appear once.
     let e = export("e1");
     let vols = dedup_volumes(vec![
         ExportVolume {

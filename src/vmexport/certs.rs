@@ -1,4 +1,4 @@
-//! The manager's export CA and per-export serving certificates (vmexport.md §7.4).
+//! The manager's export CA and per-export serving certificates (docs/vmexport.md, "Certificates").
 //! ECDSA P-256 throughout; the CA's CN is upstream's `export.kubevirt.io`.
 
 use std::time::Duration;
@@ -131,8 +131,8 @@ pub fn inspect(cert_pem: &str, ca_pem: &str) -> anyhow::Result<CertInfo> {
     })
 }
 
-/// Rule 7.4.3: reissue when not signed by the current CA, SANs differ from the Service, or
-/// `notAfter - renewBefore <= now + 1 min`.
+/// Rule 3 of docs/vmexport.md, "Certificates": reissue when not signed by the current CA, SANs
+/// differ from the Service, or `notAfter - renewBefore <= now + 1 min`.
 pub fn needs_reissue(
     info: &CertInfo,
     service: &str,

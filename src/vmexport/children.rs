@@ -1,7 +1,7 @@
-//! Children of an export (vmexport.md §7): Service, token Secret, serving certificate and the
-//! manifest ConfigMap. Each is created when missing and never overwritten needlessly. The plan
-//! decides from the caches which ones are missing; a create that answers AlreadyExists (a cache
-//! behind, or an object of someone else's without our label) reads that one object to decide.
+//! Children of an export (docs/vmexport.md, "Children"): Service, token Secret, serving certificate
+//! and the manifest ConfigMap. Each is created when missing and never overwritten needlessly. The
+//! plan decides from the caches which ones are missing; a create that answers AlreadyExists (a
+//! cache behind, or an object of someone else's without our label) reads that one object to decide.
 
 use std::collections::BTreeMap;
 
@@ -22,9 +22,9 @@ pub(super) const REASON_SECRET_CONFLICT: &str = "SecretConflict";
 pub(super) const REASON_CONFIGMAP_CONFLICT: &str = "ConfigMapConflict";
 pub(super) const REASON_POD_CONFLICT: &str = "PodConflict";
 
-/// Why a child could not be made: `ObjectCreationFailed` (an API error), or a conflict: an
-/// object of the child's name exists that this export does not control. ucm never writes such
-/// an object (it may belong to someone else) and reports it until it is gone (issue 21).
+/// Why a child could not be made: `ObjectCreationFailed` (an API error), or a conflict: an object
+/// of the child's name exists that this export does not control. ucm never writes such an object
+/// (it may belong to someone else) and reports it until it is gone (docs/vmexport.md, "Failures").
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Failed {
     pub reason: &'static str,
@@ -45,7 +45,7 @@ impl Failed {
         condition(COND_READY, false, self.reason, self.message)
     }
 
-    /// The reasons of a conflict (told once, issue 21).
+    /// The reasons of a conflict (told once).
     pub const CONFLICTS: [&'static str; 3] = [
         REASON_SECRET_CONFLICT,
         REASON_CONFIGMAP_CONFLICT,
@@ -176,7 +176,8 @@ pub(super) async fn ensure_manifest(
     Ok(true)
 }
 
-/// Warning event `ManifestFailed` (§10.3): the export goes on without the `all` manifest.
+/// Warning event `ManifestFailed` (docs/vmexport.md, "Failures"): the export goes on without the
+/// `all` manifest.
 async fn manifest_failed(ctx: &Context, export: &VirtualMachineExport, msg: String) {
     ctx.writer
         .event(
@@ -189,8 +190,8 @@ async fn manifest_failed(ctx: &Context, export: &VirtualMachineExport, msg: Stri
         .await;
 }
 
-/// The VM with its instancetype and preference expanded by KubeVirt (§4): `Err` says why not,
-/// for the `ManifestFailed` event.
+/// The VM with its instancetype and preference expanded by KubeVirt (docs/vmexport.md, "Optional
+/// APIs"): `Err` says why not, for the `ManifestFailed` event.
 async fn expand_vm(
     ctx: &Context,
     ns: &str,
@@ -277,7 +278,7 @@ pub(super) const TOKEN_ADVICE: &str =
 pub(super) const CERT_ADVICE: &str = "Delete or rename it, or rename this export";
 
 /// Creates the token Secret the cache does not show; a deleted one is recreated with a new
-/// token (§7.3).
+/// token (docs/vmexport.md, "Token").
 pub(super) async fn create_token(
     ctx: &Context,
     export: &VirtualMachineExport,
@@ -315,7 +316,8 @@ pub(super) async fn create_token(
     }
 }
 
-/// Ensures a valid serving certificate before a pod is made; returns its notAfter (§7.4.3).
+/// Ensures a valid serving certificate before a pod is made; returns its notAfter
+/// (docs/vmexport.md, "Certificates", rule 3).
 /// The one Secret read with its data: whether it must be reissued, and the pod's deadline,
 /// depend on the certificate in it. It is read only when a pod is about to be created and the
 /// cache shows the Secret.

@@ -76,7 +76,7 @@ impl ReconcileError for Error {
     }
 }
 
-/// Settings resolved at start (§5).
+/// Settings resolved at start (docs/vmexport.md, "Settings").
 #[derive(Clone, Debug)]
 pub struct Config {
     pub pod: PodSettings,
@@ -243,8 +243,8 @@ impl Context {
         Some((host, cert))
     }
 
-    /// The CA: read; on NotFound create; on AlreadyExists (another leader won) read again.
-    /// An existing CA is never overwritten (§7.4.1). Read once per process.
+    /// The CA: read; on NotFound create; on AlreadyExists (another leader won) read again. An
+    /// existing CA is never overwritten (docs/vmexport.md, "Certificates"). Read once per process.
     pub(super) async fn ca(&self) -> Result<Pem, Error> {
         let mut guard = self.ca.lock().await;
         if let Some(p) = guard.as_ref() {

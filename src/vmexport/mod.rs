@@ -1,5 +1,5 @@
 //! The `vmexport` feature: the VirtualMachineExport reconciler and `ucm export-server`
-//! (shared/spec/vmexport.md).
+//! (design: docs/vmexport.md).
 
 pub mod agent;
 pub mod build;
@@ -55,7 +55,7 @@ pub fn deprecation_warning(version: &str) -> String {
     )
 }
 
-// The manager's settings for this feature (vmexport.md §5).
+// The manager's settings for this feature (docs/vmexport.md, "Settings").
 #[derive(Args, Debug, Clone)]
 // clap names the group after the struct; every feature's struct is `Settings`.
 #[group(id = "vmexport-settings")]
@@ -201,7 +201,8 @@ pub fn rbac() -> Vec<PolicyRule> {
             &["virtualmachines", "virtualmachineinstances"],
             &read,
         ),
-        // Instancetypes and preferences for the `all` manifest (§4): a live VM by name, a
+        // Instancetypes and preferences for the `all` manifest (docs/vmexport.md, "Optional
+        // APIs"): a live VM by name, a
         // snapshot's copy of the VM in the request body.
         rule(
             &["subresources.kubevirt.io"],
@@ -416,7 +417,7 @@ mod tests {
         );
         let cond = &s["properties"]["status"]["properties"]["conditions"]["items"];
         assert_eq!(cond["required"], json!(["status", "type"]));
-        // the seed's explain text
+        // upstream's explain text
         assert_eq!(
             s["description"],
             "VirtualMachineExport defines the operation of exporting a VM source"

@@ -1,5 +1,6 @@
-//! Object names (vmexport.md §7.2). UPSTREAM names are what `virtctl vmexport` and users look up,
-//! so they follow openshift library-go `naming.GetName` with KubeVirt's 63-character limit.
+//! Object names (docs/vmexport.md, "Names"). UPSTREAM names are what `virtctl vmexport` and users
+//! look up, so they follow openshift library-go `naming.GetName` with KubeVirt's 63-character
+//! limit.
 
 /// DNS-1035 label limit used for every export child name.
 pub const MAX_NAME: usize = 63;
@@ -71,7 +72,7 @@ pub fn ca_configmap_name(export: &str) -> String {
     format!("export-ca-cm-{export}")
 }
 
-/// Restore PVC of a snapshot source (§9.5).
+/// Restore PVC of a snapshot source (docs/vmexport.md, "Sources").
 pub fn restore_pvc_name(export: &str, pvc: &str) -> String {
     format!("{export}-{pvc}")
 }
@@ -86,8 +87,8 @@ pub fn selector_label_value(export: &str) -> String {
     }
 }
 
-/// Pod volume name `v<i>-<pvc>` (OURS, §7.2.3): the index keeps names unique even when two
-/// claims sanitise to the same text (`my.disk`, `my-disk`).
+/// Pod volume name `v<i>-<pvc>` (OURS, docs/vmexport.md, "Names"): the index keeps names unique
+/// even when two claims sanitise to the same text (`my.disk`, `my-disk`).
 pub fn pod_volume_name(index: usize, pvc: &str) -> String {
     let mut name = format!("v{index}-{}", pvc.replace('.', "-"));
     name.truncate(MAX_NAME);

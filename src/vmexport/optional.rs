@@ -1,7 +1,8 @@
-//! Optional APIs (vmexport.md §4): KubeVirt VirtualMachine/VirtualMachineInstance and CDI
-//! DataVolume are read only where installed. Discovery runs at start and every 60 s; a watch
-//! starts once its API appears, and its events (and the appearance itself) re-trigger the
-//! exports that depend on it. A missing API never stops the manager.
+//! Optional APIs (docs/vmexport.md, "Optional APIs"): KubeVirt
+//! VirtualMachine/VirtualMachineInstance and CDI DataVolume are read only where installed.
+//! Discovery runs at start and every 60 s; a watch starts once its API appears, and its events (and
+//! the appearance itself) re-trigger the exports that depend on it. A missing API never stops the
+//! manager.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;

@@ -1,8 +1,9 @@
-//! The decisions of a VirtualMachineExport pass (vmexport.md §6.2), as a pure function of what
-//! the pass observed: `plan(&Observed, &Config, now) -> Plan`. `reconcile` observes (caches
-//! only), plans, and applies the plan; the plan says which children to make, what to do with
-//! the export Pod and why, the events, the status and when to look again. What only applying
-//! can tell (a create that fails) turns into the status with [`Plan::status_with`].
+//! The decisions of a VirtualMachineExport pass (docs/vmexport.md, "Pass steps"; the steps below
+//! are its steps), as a pure function of what the pass observed: `plan(&Observed, &Config, now) ->
+//! Plan`. `reconcile` observes (caches only), plans, and applies the plan; the plan says which
+//! children to make, what to do with the export Pod and why, the events, the status and when to
+//! look again. What only applying can tell (a create that fails) turns into the status with
+//! [`Plan::status_with`].
 
 use std::time::Duration;
 
@@ -192,7 +193,7 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
         }
     };
     // What this pass computes replaces whatever the status says (another writer's values
-    // included, issue 21): the TTL from the creation time, and the one token name ucm uses.
+    // included): the TTL from the creation time, and the one token name ucm uses.
     let expiry = ttl_expiration(created, ttl);
     status.ttl_expiration_time = Some(Time(expiry));
     if status.token_secret_ref.is_some() {
@@ -225,7 +226,7 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
         now,
     };
 
-    // Step 3: TTL, in any phase, whether or not a pod exists (§12).
+    // Step 3: TTL, in any phase, whether or not a pod exists.
     let Some(until) = until_expiry(now_ts, expiry) else {
         plan.expired = true;
         return plan;

@@ -1,8 +1,8 @@
-//! The Pod cache of the in-use check (vmexport.md §4.2): every Pod in the watched namespaces is
-//! cached with only what the check and the event mapper read (identity, owner references,
-//! deletion mark, its PVC volumes and `status.phase`), and indexed by namespace and claim name.
-//! An export Pod (controlled by a VirtualMachineExport) also keeps what the reconciler reads of
-//! it, so a pass reads it from this cache too: its annotations, its first container's
+//! The Pod cache of the in-use check (docs/vmexport.md, "Optional APIs"): every Pod in the watched
+//! namespaces is cached with only what the check and the event mapper read (identity, owner
+//! references, deletion mark, its PVC volumes and `status.phase`), and indexed by namespace and
+//! claim name. An export Pod (controlled by a VirtualMachineExport) also keeps what the reconciler
+//! reads of it, so a pass reads it from this cache too: its annotations, its first container's
 //! environment (the links) and its containers' readiness.
 //!
 //! The watch decodes Pods as [`SlimPod`], reading only those fields from the JSON.

@@ -159,7 +159,7 @@ pub fn parse_path(path: &str) -> Option<Target<'_>> {
     })
 }
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) are not forwarded; neither is the client's Host.
+/// Hop-by-hop headers (RFC 9110, section 7.6.1) are not forwarded; neither is the client's Host.
 fn end_to_end(h: &HeaderMap) -> HeaderMap {
     let mut out = h.clone();
     let listed: Vec<String> = h

@@ -1,7 +1,7 @@
-//! IO side of the VirtualMachineExport reconciler (vmexport.md §6): observe the export's
-//! source and children in the caches, `plan` (plan.rs, pure) and apply the plan: create what is
-//! missing, delete what must go, write the status once at the end of every pass (also when a
-//! create failed, #19020), and requeue exactly at the TTL expiry.
+//! IO side of the VirtualMachineExport reconciler (docs/vmexport.md, "Pass steps"): observe the
+//! export's source and children in the caches, `plan` (plan.rs, pure) and apply the plan: create
+//! what is missing, delete what must go, write the status once at the end of every pass (also when
+//! a create failed, #19020), and requeue exactly at the TTL expiry.
 //!
 //! A pass on an unchanged export sends no request: the Service, the Secrets (metadata), the
 //! Pod and the source all come from the watches that trigger passes. Reads that remain: the
@@ -38,7 +38,7 @@ use crate::runtime::controller::{self as rtc, Guarded};
 use crate::runtime::{Runtime, Trigger};
 
 pub const CONTROLLER: &str = "vmexport";
-/// OURS: the error backoff cap is lower than the runtime default (§6.1).
+/// OURS: the error backoff cap is lower than the runtime default (docs/vmexport.md, "Triggers").
 const BACKOFF_CAP: Duration = Duration::from_secs(60);
 
 fn store_ready<K: kube::runtime::reflector::Lookup + Clone + 'static>(store: &Store<K>) -> bool
@@ -334,7 +334,7 @@ async fn create_pod(
     }
 }
 
-/// The links of the ready pod (§11.2).
+/// The links of the ready pod (docs/vmexport.md, "Links").
 async fn links(
     ctx: &Context,
     export: &VirtualMachineExport,
@@ -511,7 +511,7 @@ pub async fn run(rt: Runtime, cfg: Config) {
         .registry
         .register(Box::new(ttl_deletions.clone()));
 
-    // Pods: slim copies (§4.2) and the claim index, both fed by one watch.
+    // Pods: slim copies (podcache.rs) and the claim index, both fed by one watch.
     let claims = Arc::new(ClaimIndex::default());
     let (pod_store, pod_writer) = reflector::store::<Pod>();
     let mut pods_synced = rt.track_synced("vmexport-pods");
@@ -549,13 +549,13 @@ pub async fn run(rt: Runtime, cfg: Config) {
         CONTROLLER,
         rt.watched(),
         watcher::Config::default(),
-        // A status another writer changed is corrected at once (issue 21); our own writes
-        // trigger nothing.
+        // A status another writer changed is corrected at once (docs/vmexport.md, "Triggers"); our
+        // own writes trigger nothing.
         Trigger::SpecFinalizersAndForeignStatus,
     );
     let store = controller.store();
 
-    // Exports by phase, computed from the cache at scrape time (§14): no timer.
+    // Exports by phase, computed from the cache at scrape time: no timer.
     if let Err(e) = rt
         .metrics
         .registry

@@ -1,6 +1,7 @@
-//! Source resolution (vmexport.md §9): what a PVC, VirtualMachine or VirtualMachineSnapshot
-//! source provides, whether it is available, and the conditions that say why not. It reads
-//! the caches only (`Stores`), so it sends no request and is unit-tested with filled stores.
+//! Source resolution (docs/vmexport.md, "Sources"): what a PVC, VirtualMachine or
+//! VirtualMachineSnapshot source provides, whether it is available, and the conditions that say why
+//! not. It reads the caches only (`Stores`), so it sends no request and is unit-tested with filled
+//! stores.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use super::naming;
 use super::optional::Kind;
 use super::types::{Condition, VirtualMachineExport};
 
-/// What the source resolution found (§9.2).
+/// What the source resolution found.
 #[derive(Clone, Debug)]
 pub struct Source {
     pub volumes: Vec<ExportVolume>,
@@ -66,7 +67,7 @@ pub(super) fn in_use_by_pod(st: &Stores, ns: &str, claim: &str, export_uid: &str
     pvc_in_use(candidates.iter().map(|p| p.as_ref()), claim, export_uid).is_some()
 }
 
-/// VM source (§9.2): the claims of its volumes and its backend-storage PVC, blocked while a
+/// VM source: the claims of its volumes and its backend-storage PVC, blocked while a
 /// VMI of the same name is not finished.
 pub(super) fn resolve_vm(st: &Stores, export: &VirtualMachineExport) -> Source {
     let ns = export.namespace().unwrap_or_default();
@@ -221,7 +222,7 @@ pub(super) fn get_dyn(
     Some(store.get(&ObjectRef::new_with(name, ar).within(ns)))
 }
 
-/// The restore PVC of one volume backup (§9.5).
+/// The restore PVC of one volume backup.
 pub(super) fn restore_pvc(
     export: &VirtualMachineExport,
     backup: &serde_json::Value,
@@ -309,7 +310,7 @@ pub(super) fn quantity_bytes(q: &str) -> f64 {
     n * mult
 }
 
-/// VirtualMachineSnapshot source (§9.2, §9.5): restore PVCs `<export>-<pvc>` from the
+/// VirtualMachineSnapshot source: restore PVCs `<export>-<pvc>` from the
 /// snapshot content, created once and never re-created.
 pub(super) fn resolve_snapshot(
     st: &Stores,
@@ -473,7 +474,8 @@ pub(super) fn resolve_pvc(st: &Stores, export: &VirtualMachineExport) -> Source 
             create_pvcs: Vec::new(),
         };
     };
-    // Without the DataVolume API a DV-owned claim counts as populated (§4).
+    // Without the DataVolume API a DV-owned claim counts as populated (docs/vmexport.md, "Optional
+    // APIs").
     let (dv_phase, dv_content) = dv_info(st, &pvc);
     let volumes = vec![ExportVolume::from_pvc(&pvc, dv_content.as_deref())];
     let uid = export.uid().unwrap_or_default();

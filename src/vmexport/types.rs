@@ -1,6 +1,6 @@
-//! The VirtualMachineExport API (export.kubevirt.io), field for field as the seed
-//! (`shared/seeds/virtualmachineexport-crd.txt`); doc comments are the seed's descriptions because
-//! they become `kubectl explain` text.
+//! The VirtualMachineExport API (export.kubevirt.io), field for field as upstream KubeVirt's CRD
+//! (docs/vmexport.md, "API versions and validation"); doc comments are upstream's descriptions
+//! because they become `kubectl explain` text.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"SourceName", "type":"string", "jsonPath":".spec.source.name"}"#,
     printcolumn = r#"{"name":"Phase", "type":"string", "jsonPath":".status.phase"}"#
 )]
-// OURS (vmexport.md §3.4.2): upstream needs a webhook for this.
+// OURS (docs/vmexport.md, "API versions and validation"): upstream needs a webhook for this.
 #[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable after creation"))]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineExportSpec {

@@ -1,5 +1,6 @@
-//! The agent's actions on one leg (spec §5): the fenced slot write, raise (barrier up),
-//! cut, lift (barrier down) and teardown of a deleted snapshot's backends.
+//! The agent's actions on one leg (docs/snapshot.md, "Raise and cut"): the fenced slot write,
+//! raise (barrier up), cut, lift (barrier down) and teardown of a deleted snapshot's backends.
+//! I1–I13: docs/snapshot.md, "Invariants".
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ use crate::snapshot::types::{MiroirSnapshot, MiroirVolume, SlotState, teardown_f
 use super::ctx::{Ctx, Next, RoundKey, event, is_not_found, soon};
 
 impl Ctx {
-    /// The fenced slot write (spec §5.3).
+    /// The fenced slot write (docs/snapshot.md, "Slot writes").
     pub(super) async fn write_slot(&self, s: &MiroirSnapshot, state: SlotState) -> Next {
         let (Some(uid), Some(at)) = (s.uid(), RoundView::of(s).suspended_at.map(str::to_string))
         else {
@@ -59,7 +60,8 @@ impl Ctx {
             }
             Err(e) if is_not_found(&e) => Next::Until(None),
             Err(e) => {
-                // Fail closed: the barrier stays; resend while the round is live (5.3.4).
+                // Fail closed: the barrier stays; resend while the round is live (docs/snapshot.md,
+                // "Slot writes").
                 warn!(snapshot = %s.name_any(), error = %e, "slot write failed; retrying");
                 soon(Duration::from_secs(1))
             }
@@ -252,7 +254,7 @@ impl Ctx {
         };
         let since_raise = self.journal_get(&key.0).map(|e| self.since_raise(&e));
         if replicated {
-            // The kernel view (6.2.3) and I2, read once before the cut.
+            // The kernel view (precondition 3 of "Raise and cut") and I2, read once before the cut.
             let status = match self.barrier.status(&v).await {
                 Ok(Some(st)) => st,
                 Ok(None) => {

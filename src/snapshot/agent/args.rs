@@ -1,4 +1,5 @@
-//! `ucm snapshot-agent` flags (spec §15) and the agent's registration with the feature.
+//! `ucm snapshot-agent` flags (docs/snapshot.md, "Settings and RBAC") and the agent's registration
+//! with the feature.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,7 +20,8 @@ pub enum BarrierKind {
     Fake,
 }
 
-// `ucm snapshot-agent` flags (spec §15); a plain comment so the subcommand keeps its about.
+// `ucm snapshot-agent` flags (docs/snapshot.md, "Settings and RBAC"); a plain comment so the
+// subcommand keeps its about.
 #[derive(Args, Debug, Clone)]
 pub struct AgentArgs {
     /// This node's name (the DaemonSet sets it from the downward API).

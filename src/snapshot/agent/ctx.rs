@@ -28,7 +28,7 @@ use crate::snapshot::types::{MiroirSnapshot, MiroirVolume, SlotState};
 use super::metrics::AgentMetrics;
 use super::worker::volume_worker;
 
-/// Agent event reasons (spec §9, plus `RaiseRefused` for failed preconditions).
+/// Agent event reasons (docs/snapshot.md, "Conditions and events").
 pub mod event {
     pub const BARRIER_STUCK: &str = "BarrierStuck";
     pub const CUT_FAILED: &str = "CutFailed";
@@ -106,7 +106,7 @@ pub(super) fn rank(s: Option<SlotState>) -> u8 {
 /// and it does so with a new round stamp), so `s` is read with the most advanced slot of each
 /// node in `seen` (this agent's writes and earlier copies), and `seen` learns from `s`. Without
 /// it, a watch event older than the patch response the agent acted on (it lifted on "every leg
-/// Done") looked like a barrier the agent had lost, and it reported Error (row 5).
+/// Done") looked like a barrier the agent had lost, and it reported Error (agent row 5).
 pub fn merge_seen(s: &mut MiroirSnapshot, seen: &mut BTreeMap<String, SlotState>) {
     let Some(st) = s.status.as_mut() else { return };
     let slots = st.per_node.get_or_insert_with(BTreeMap::new);

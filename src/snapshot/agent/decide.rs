@@ -1,5 +1,6 @@
-//! The agent's state table (spec §6.4) as one pure `decide` function, plus the pure parts of the
-//! cut gate (§6.3) and the deadline and cutoff clocks (I7, §8.2).
+//! The agent's state table (docs/snapshot.md, "Agent states"; rows below are its rows) as one
+//! pure `decide` function, plus the pure parts of the cut gate ("Raise and cut") and the deadline
+//! and cutoff clocks (I7 of "Invariants"; "Deadline, void and recovery").
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use kube::ResourceExt;
 use crate::snapshot::round::{RoundView, after, before, parse_stamp};
 use crate::snapshot::types::{MiroirSnapshot, MiroirVolume, SlotState, teardown_finalizer};
 
-/// Agent timing (spec §15).
+/// Agent timing (docs/snapshot.md, "Settings and RBAC").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// D: every barrier is lifted this long after `suspendedAt` or after its raise.
@@ -44,7 +45,7 @@ pub struct Observed<'a> {
     pub volume: Option<&'a MiroirVolume>,
     pub held: Option<Held<'a>>,
     /// The kernel reports the volume's DRBD resource Primary on this node. Only consulted for
-    /// nodes without a diskful leg (rule 5.8.3).
+    /// nodes without a diskful leg (docs/snapshot.md, "Special legs").
     pub local_primary: bool,
     pub now: Timestamp,
 }
@@ -61,7 +62,8 @@ pub enum Step {
     /// Preconditions, journal, freeze if mounted here, suspend-io, then slot `Suspended`.
     /// Idempotent, so a raise whose slot write was lost is simply repeated.
     Raise,
-    /// Unreplicated volume: sync, delete, cut, `Done`, no barrier (rule 5.8.1).
+    /// Unreplicated volume: sync, delete, cut, `Done`, no barrier (docs/snapshot.md, "Special
+    /// legs").
     CutUnreplicated,
     /// Cut gate holds on the slots: check the kernel view, re-assert suspend-io, sync, delete, cut.
     Cut,
@@ -125,7 +127,8 @@ pub fn primary_holding_back<'n>(
         .map(String::as_str)
 }
 
-/// The agent's decision for snapshot `o.snapshot` on node `o.node` (spec §6.4; first match wins).
+/// The agent's decision for snapshot `o.snapshot` on node `o.node` (docs/snapshot.md, "Agent
+/// states"; first match wins).
 pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
     // Row 1: gone or deleting.
     let Some(snap) = o.snapshot else {
@@ -352,7 +355,8 @@ mod tests {
                 delete_backends: true
             }
         );
-        // Volume already gone: still delete in every pool (rule 10.3).
+        // Volume already gone: still delete in every pool (docs/snapshot.md, "Finalizers and
+        // deletion").
         assert_eq!(
             st(run("b", Some(&s), None, None, false, 2)),
             Step::Teardown {
@@ -503,7 +507,7 @@ mod tests {
             st(run("client", Some(&s), Some(&v), None, true, 1)),
             Step::Raise
         );
-        // A healthy secondary tie-breaker holds no barrier (T11).
+        // A healthy secondary tie-breaker holds no barrier (I12).
         assert_eq!(st(run("t", Some(&s), Some(&v), None, false, 1)), Step::Wait);
         // Never after the cutoff.
         assert_eq!(st(run("t", Some(&s), Some(&v), None, true, 56)), Step::Wait);

@@ -1,7 +1,7 @@
-//! The barrier journal (spec §6.1): one entry per barrier this agent raised, written before the
-//! freeze (intent) and removed after resume and thaw. It lives on a node-local tmpfs, so a
-//! reboot clears it together with the kernel state. Ownership rule: the agent resumes or thaws
-//! only what its journal records.
+//! The barrier journal (docs/snapshot.md, "Barrier journal"): one entry per barrier this agent
+//! raised, written before the freeze (intent) and removed after resume and thaw. It lives on a
+//! node-local tmpfs, so a reboot clears it together with the kernel state. Ownership rule: the
+//! agent resumes or thaws only what its journal records.
 
 use std::collections::BTreeMap;
 use std::io;

@@ -257,8 +257,8 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
 
     token.cancelled().await;
     health.set("shutdown", Err("shutting down".into()));
-    // Stop (8.5): report Error for held barriers of live rounds, keep them until the round ends
-    // or the deadline passes, then lift and exit.
+    // Stop (docs/snapshot.md, "Deadline, void and recovery"): report Error for held barriers of
+    // live rounds, keep them until the round ends or the deadline passes, then lift and exit.
     ctx.stopping.store(true, Ordering::Relaxed);
     ctx.notify_all();
     let limit = Instant::now() + args.deadline + Duration::from_secs(5);

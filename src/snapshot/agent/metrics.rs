@@ -1,8 +1,8 @@
-//! Agent metrics (spec §13).
+//! Agent metrics (docs/snapshot.md, "Metrics and alert").
 
 use prometheus::{HistogramOpts, HistogramVec, IntGauge};
 
-/// Agent metrics (spec §13).
+/// Agent metrics (docs/snapshot.md, "Metrics and alert").
 #[derive(Clone)]
 pub struct AgentMetrics {
     pub barrier_held_seconds: HistogramVec,

@@ -1,4 +1,5 @@
-//! `ucm snapshot-agent`: the per-node half of a snapshot round (spec §6). The decision table is
+//! `ucm snapshot-agent`: the per-node half of a snapshot round (docs/snapshot.md, "Agent
+//! states"). The decision table is
 //! pure (`decide`); backends and barriers sit behind traits so the round logic runs against
 //! fakes in tests. The IO around it: `args` (flags, registration), `main` (start-up, caches,
 //! journal adoption, shutdown), `worker` (one worker per volume: handle, pass, sweep), `actions`

@@ -1,5 +1,5 @@
-//! The agent's pool configuration file (`--pools`, spec §11.6): pool name → backend and its
-//! parameters. YAML or JSON:
+//! The agent's pool configuration file (`--pools`, docs/snapshot.md, "Backends and barrier"): pool
+//! name → backend and its parameters. YAML or JSON:
 //!
 //! ```yaml
 //! pools:

@@ -58,7 +58,8 @@ impl Ctx {
                 },
                 &self.settings,
             );
-            // Stop (8.5): a held barrier of a live round reports Error once, then waits.
+            // Stop (docs/snapshot.md, "Deadline, void and recovery"): a held barrier of a live
+            // round reports Error once, then waits.
             if self.stopping.load(Ordering::Relaxed)
                 && let (Some(k), Some(_)) = (&key, &entry)
                 && matches!(d.step, Step::Wait | Step::Cut)
@@ -225,8 +226,9 @@ impl Ctx {
         m.stuck.retain(|u, _| keep(u));
     }
 
-    /// The stale-barrier sweep (8.4): kernel flags and journal entries without a live round are
-    /// lifted; live rounds are kept (and adopted through the journal).
+    /// The stale-barrier sweep (docs/snapshot.md, "Deadline, void and recovery"): kernel flags and
+    /// journal entries without a live round are lifted; live rounds are kept (and adopted through
+    /// the journal).
     pub(super) async fn sweep(self: &Arc<Self>) {
         let live: Option<Vec<(String, String, String)>> = match self
             .snapshots
@@ -273,7 +275,7 @@ impl Ctx {
                 Some(l) => l
                     .iter()
                     .any(|(_, u, at)| *u == e.uid && *at == e.suspended_at),
-                // Without the API, only the deadline decides (8.2).
+                // Without the API, only the deadline decides.
                 None => {
                     Timestamp::now()
                         < decide::lift_at(
@@ -346,7 +348,7 @@ pub(super) async fn volume_worker(ctx: Arc<Ctx>, volume: String, notify: Arc<Not
     match deadline {
         Some(d) => {
             if tokio::time::timeout(d, ready).await.is_err() {
-                // No API, no list: lift what expired, with no API call (8.2).
+                // No API, no list: lift what expired, with no API call.
                 ctx.lift_expired(&volume).await;
                 let _ = synced.wait_for(|(a, b)| *a && *b).await;
             }

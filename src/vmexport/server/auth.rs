@@ -1,6 +1,6 @@
-//! Token check (vmexport.md §13.3): header or query parameter `x-kubevirt-export-token`, the
-//! expected value re-read from TOKEN_FILE on every request (rotation without restart), compared
-//! in constant time. Never logged.
+//! Token check (docs/vmexport.md, "Export server"): header or query parameter
+//! `x-kubevirt-export-token`, the expected value re-read from TOKEN_FILE on every request (rotation
+//! without restart), compared in constant time. Never logged.
 
 use std::path::Path;
 

@@ -1,5 +1,5 @@
-//! `ucm export-server` configuration: only the environment, as the pod sets it (vmexport.md
-//! §8.1, §13.1). Parsing is pure so the rules are unit-tested.
+//! `ucm export-server` configuration: only the environment, as the pod sets it (docs/vmexport.md,
+//! "Export pod" and "Export server"). Parsing is pure so the rules are unit-tested.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

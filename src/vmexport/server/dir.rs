@@ -1,6 +1,6 @@
-//! The `dir` format: directory listings and files below a volume root (vmexport.md §13.2,
-//! §13.4.4). Symlinks are resolved and anything escaping the root is "not found"; `lost+found`
-//! is hidden at the root.
+//! The `dir` format: directory listings and files below a volume root (docs/vmexport.md, "Export
+//! server"). Symlinks are resolved and anything escaping the root is "not found"; `lost+found` is
+//! hidden at the root.
 
 use std::fs;
 use std::path::{Component, Path, PathBuf};

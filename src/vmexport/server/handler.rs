@@ -1,4 +1,4 @@
-//! Request routing and responses of the export server (vmexport.md §13.2).
+//! Request routing and responses of the export server (docs/vmexport.md, "Export server").
 
 use std::fs::File;
 use std::io;

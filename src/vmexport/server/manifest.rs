@@ -1,9 +1,9 @@
-//! The `all` manifest (vmexport.md §13.2): built per request from the manifest ConfigMap the
-//! reconciler mounts at MANIFEST_DATA_DIR, so an updated ConfigMap takes effect without a
-//! restart. Keys: `internal_host`/`external_host` hold the URL base of the links (for example
-//! `https://virt-export-e.ns.svc`), `internal_ca_cm`/`external_ca_cm` the CA PEM,
-//! `virtualmachine-manifest` the cleaned VM (JSON or YAML), `dv-<name>` DataVolumes (JSON or
-//! YAML) for volumes that are not DataVolume templates.
+//! The `all` manifest (docs/vmexport.md, "Export server"): built per request from the manifest
+//! ConfigMap the reconciler mounts at MANIFEST_DATA_DIR, so an updated ConfigMap takes effect
+//! without a restart. Keys: `internal_host`/`external_host` hold the URL base of the links (for
+//! example `https://virt-export-e.ns.svc`), `internal_ca_cm`/`external_ca_cm` the CA PEM,
+//! `virtualmachine-manifest` the cleaned VM (JSON or YAML), `dv-<name>` DataVolumes (JSON or YAML)
+//! for volumes that are not DataVolume templates.
 
 use std::path::Path;
 

@@ -1,4 +1,5 @@
-//! `ucm export-server`: the HTTPS data path of a VirtualMachineExport (vmexport.md §13).
+//! `ucm export-server`: the HTTPS data path of a VirtualMachineExport (docs/vmexport.md, "Export
+//! server").
 
 pub mod auth;
 pub mod config;

@@ -1,6 +1,6 @@
-//! pigz-style parallel gzip (vmexport.md §13.4.2): fixed-size input blocks are deflated
-//! independently on worker threads (each ends with a sync flush, the last with a final block),
-//! written in input order as one gzip member; the CRC-32 is combined per block. At most
+//! pigz-style parallel gzip (docs/vmexport.md, "Export server"): fixed-size input blocks are
+//! deflated independently on worker threads (each ends with a sync flush, the last with a final
+//! block), written in input order as one gzip member; the CRC-32 is combined per block. At most
 //! `2 * workers` blocks are in flight, so memory stays bounded.
 
 use std::collections::BTreeMap;

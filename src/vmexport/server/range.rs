@@ -1,5 +1,5 @@
-//! Single byte ranges (vmexport.md §13.4.1): `a-b`, `a-` and `-n`. Several ranges in one
-//! request get the whole body, as do malformed headers (RFC 9110 lets a server ignore Range).
+//! Single byte ranges (docs/vmexport.md, "Export server"): `a-b`, `a-` and `-n`. Several ranges in
+//! one request get the whole body, as do malformed headers (RFC 9110 lets a server ignore Range).
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RangeReq {

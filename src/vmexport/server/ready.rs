@@ -1,6 +1,6 @@
-//! Volume readability (vmexport.md §13.1.3): a failure is logged and reported on /exportready
-//! instead of exiting (upstream exits, which becomes a crash loop: #14490, #9742). While a check
-//! fails, /exportready repeats it at most every 5 s so a fixed volume becomes ready.
+//! Volume readability (docs/vmexport.md, "Export server"): a failure is logged and reported on
+//! /exportready instead of exiting (upstream exits, which becomes a crash loop: #14490, #9742).
+//! While a check fails, /exportready repeats it at most every 5 s so a fixed volume becomes ready.
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -31,7 +31,7 @@ pub fn is_refused(e: &std::io::Error) -> bool {
 /// The file an image volume serves: the device node itself, or `disk.img` in the mount. The
 /// volume's content is the user's, so a `disk.img` that leads outside the volume (a symlink to
 /// the server's key or token, say) or is not a regular file (a FIFO would block the server) is
-/// refused, like anything outside the root of the `dir` format (§13.4.4).
+/// refused, like anything outside the root of the `dir` format.
 pub fn image_file(v: &VolumeConfig) -> std::io::Result<PathBuf> {
     match fs::metadata(&v.path) {
         Ok(m) if m.is_dir() => {

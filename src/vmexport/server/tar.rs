@@ -1,7 +1,7 @@
-//! In-process GNU tar writer for `disk.tar.gz` (vmexport.md §13.4.3): entries `./<path>` for
-//! directories, regular files and symlinks, with mode, owner and mtime; `lost+found` at the root
-//! excluded; files with holes (found with SEEK_DATA/SEEK_HOLE) written as GNU sparse entries so
-//! holes are never read. Sizes beyond the octal range use GNU base-256 numbers.
+//! In-process GNU tar writer for `disk.tar.gz` (docs/vmexport.md, "Export server"): entries
+//! `./<path>` for directories, regular files and symlinks, with mode, owner and mtime; `lost+found`
+//! at the root excluded; files with holes (found with SEEK_DATA/SEEK_HOLE) written as GNU sparse
+//! entries so holes are never read. Sizes beyond the octal range use GNU base-256 numbers.
 
 use std::fs::{self, File};
 use std::io::{self, Write};

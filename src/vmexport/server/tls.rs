@@ -1,6 +1,6 @@
-//! rustls server configuration (vmexport.md §13.1.2): TLS 1.2 minimum unless TLS_MIN_VERSION
-//! says 1.3; TLS_CIPHER_SUITES filters the TLS 1.2 suites (as in Go, TLS 1.3 suites are not
-//! configurable); ALPN offers h2 and http/1.1.
+//! rustls server configuration (docs/vmexport.md, "Export server"): TLS 1.2 minimum unless
+//! TLS_MIN_VERSION says 1.3; TLS_CIPHER_SUITES filters the TLS 1.2 suites (as in Go, TLS 1.3 suites
+//! are not configurable); ALPN offers h2 and http/1.1.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! Loopfile backend: volumes are files `BASE/volumes/<vol>.img`, snapshots are reflinks
-//! `BASE/snapshots/<snap>.img` (spec §11). With `--loopfile-full-copy`, a sparse-aware full copy
-//! replaces the reflink where the filesystem has none.
+//! `BASE/snapshots/<snap>.img` (docs/snapshot.md, "Backends and barrier"). With
+//! `--loopfile-full-copy`, a sparse-aware full copy replaces the reflink where the filesystem has
+//! none.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -302,8 +303,8 @@ impl Backend for Loopfile {
         let dst = self.snapshot_path(snap);
         let plan = self.copy_plan();
         Box::pin(async move {
-            // Idempotent: an existing snapshot of this name counts as success (I9 is the
-            // agent's delete-then-cut).
+            // Idempotent: an existing snapshot of this name counts as success (I9 of
+            // docs/snapshot.md, "Invariants", is the agent's delete-then-cut).
             if dst.exists() {
                 return Ok(());
             }

@@ -1,6 +1,6 @@
-//! LVM thin backend (spec §11): snapshots are inactive thin LVs `VG/miroir-<snap>` with
-//! activation skip, so cutting never suspends a device (#276/#277). LVM commands are serialised
-//! node-wide.
+//! LVM thin backend (docs/snapshot.md, "Backends and barrier"): snapshots are inactive thin LVs
+//! `VG/miroir-<snap>` with activation skip, so cutting never suspends a device (#276/#277). LVM
+//! commands are serialised node-wide.
 
 use futures::future::BoxFuture;
 use tokio::sync::Mutex;

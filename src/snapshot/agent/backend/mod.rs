@@ -1,5 +1,5 @@
-//! Storage backends (spec §11): one per configured pool. Every operation is idempotent and
-//! every external command is bounded by `--backend-timeout`.
+//! Storage backends (docs/snapshot.md, "Backends and barrier"): one per configured pool. Every
+//! operation is idempotent and every external command is bounded by `--backend-timeout`.
 
 pub mod loopfile;
 pub mod lvmthin;
@@ -40,11 +40,11 @@ pub trait Backend: Send + Sync {
     fn probe(&self) -> BoxFuture<'_, Result<()>>;
 
     /// Flushes the volume's data to the pool before a cut. Never a global sync(2): that
-    /// deadlocks against a filesystem frozen above a suspended DRBD device (spec §11.2).
+    /// deadlocks against a filesystem frozen above a suspended DRBD device.
     fn sync<'a>(&'a self, volume: &'a str) -> BoxFuture<'a, Result<()>>;
 
     /// Cuts the snapshot `snap` of `volume`. An existing snapshot of that name counts as
-    /// success, which is why the agent always deletes first (I9).
+    /// success, which is why the agent always deletes first (I9, docs/snapshot.md, "Invariants").
     fn cut<'a>(&'a self, volume: &'a str, snap: &'a str) -> BoxFuture<'a, Result<()>>;
 
     /// Deletes the snapshot `snap`, wherever it is in the pool; missing counts as success.

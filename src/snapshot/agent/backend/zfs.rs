@@ -1,6 +1,6 @@
-//! ZFS backend (spec §11): volumes are zvols `DS/<vol>`, snapshots `DS/<vol>@<snap>`. Deletion
-//! searches every dataset under DS for `@<snap>`, because promoting a clone can move a snapshot
-//! to another dataset.
+//! ZFS backend (docs/snapshot.md, "Backends and barrier"): volumes are zvols `DS/<vol>`, snapshots
+//! `DS/<vol>@<snap>`. Deletion searches every dataset under DS for `@<snap>`, because promoting a
+//! clone can move a snapshot to another dataset.
 
 use std::path::PathBuf;
 use std::time::Duration;

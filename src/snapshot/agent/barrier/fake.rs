@@ -1,6 +1,6 @@
-//! The fake barrier (`--barrier=fake`, spec §16): models the kernel's user-suspend flag, roles
-//! and disk states, and records freeze, suspend, cut, resume and thaw per node. It touches no
-//! kernel or DRBD state.
+//! The fake barrier (`--barrier=fake`, docs/snapshot.md, "Testing"): models the kernel's
+//! user-suspend flag, roles and disk states, and records freeze, suspend, cut, resume and thaw per
+//! node. It touches no kernel or DRBD state.
 //!
 //! Files in the shared directory `DIR`:
 //! - `cluster.json`, written by the test: the volumes, their Primary (the mounting node) and

@@ -1,7 +1,8 @@
-//! The IO barrier (spec §11): DRBD `suspend-io`/`resume-io` plus FIFREEZE/FITHAW on the mounted
-//! filesystem. Implementations: DRBD (`drbd`) and the recording test double (`fake`).
-//! Unreplicated volumes take no barrier at all (the agent's `CutUnreplicated` step), which is
-//! what the spec calls the null barrier.
+//! The IO barrier (docs/snapshot.md, "Backends and barrier"): DRBD `suspend-io`/`resume-io` plus
+//! FIFREEZE/FITHAW on the mounted filesystem. Implementations: DRBD (`drbd`) and the recording test
+//! double (`fake`). Unreplicated volumes take no barrier at all (the agent's `CutUnreplicated`
+//! step; docs/snapshot.md, "Special legs"). Invariants (I2, I8, I12) are those of docs/snapshot.md,
+//! "Invariants".
 
 pub mod drbd;
 pub mod fake;
@@ -59,9 +60,9 @@ impl ResourceStatus {
     }
 }
 
-/// Rule 6.2.3 on the kernel's view: local disk `UpToDate` (diskful leg), every diskful peer
-/// connected and `UpToDate`, nothing resyncing. Split brain shows as a peer that is not
-/// `Connected` (DRBD drops to StandAlone).
+/// Precondition 3 of docs/snapshot.md, "Raise and cut", on the kernel's view: local disk `UpToDate`
+/// (diskful leg), every diskful peer connected and `UpToDate`, nothing resyncing. Split brain shows
+/// as a peer that is not `Connected` (DRBD drops to StandAlone).
 pub fn healthy(
     status: &ResourceStatus,
     local_diskful: bool,
@@ -87,8 +88,9 @@ pub fn healthy(
     Ok(())
 }
 
-/// Rule 6.2.4 / I8: the user-suspend flag must be clear unless this agent's journal records it
-/// for this very round. Someone else's barrier is never touched (T14).
+/// Precondition 4 of docs/snapshot.md, "Raise and cut" (I8): the user-suspend flag must be
+/// clear unless this agent's journal records it for this very round. Someone else's barrier is
+/// never touched.
 pub fn flag_free(
     status: &ResourceStatus,
     resource: &str,

@@ -62,7 +62,8 @@ fn ioctl_on(mountpoint: &Path, req: libc::Ioctl) -> io::Result<()> {
 }
 
 /// Freezes the filesystem at `mountpoint`. "Already frozen" (EBUSY) is success. A freeze that
-/// lands after the timeout is thawed at once (spec §11.3), so it can never outlive the caller.
+/// lands after the timeout is thawed at once (docs/snapshot.md, "Backends and barrier"), so it
+/// can never outlive the caller.
 pub async fn freeze(mountpoint: &Path, timeout: Duration) -> Result<()> {
     let mp = mountpoint.to_path_buf();
     let task = tokio::task::spawn_blocking(move || {
