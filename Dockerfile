@@ -26,7 +26,11 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 # Cargo.toml names the e2e test targets; the manifest must resolve them even for a --bin build.
 COPY e2e/tests ./e2e/tests
-ENV CARGO_PROFILE_RELEASE_STRIP=symbols \
+# The build context holds no .git: `docker build --build-arg UCM_GIT_REVISION=$(git rev-parse
+# --short HEAD)` stamps the revision (ucm_build_info); hack/image.sh builds on the host, from git.
+ARG UCM_GIT_REVISION=unknown
+ENV UCM_GIT_REVISION=$UCM_GIT_REVISION \
+    CARGO_PROFILE_RELEASE_STRIP=symbols \
     CARGO_PROFILE_RELEASE_LTO=thin \
     CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

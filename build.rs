@@ -1,13 +1,53 @@
 //! Generates the Jumpstarter gRPC code from the committed FileDescriptorSet (no protoc): the set
 //! was extracted from the published `jumpstarter-protocol` 0.9.0 package (see
 //! `src/exporter/proto/README.md`), so the wire schema is never written by hand.
+//! Also stamps the git revision into the binary (`ucm_build_info{revision}`, `ucm --version`).
 
 use prost::Message;
 
 const FDS: &str = "src/exporter/proto/jumpstarter-protocol-0.9.0.fds";
 
+/// A git command's trimmed output, `None` when git is missing or fails.
+fn git(args: &[&str]) -> Option<String> {
+    std::process::Command::new("git")
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// `git rev-parse --short HEAD`, with `-dirty` when tracked files differ from it; `None` outside a
+/// checkout (a Docker build context holds no `.git`: the Dockerfile passes the revision in).
+fn git_revision() -> Option<String> {
+    let head = git(&["rev-parse", "--short", "HEAD"]).filter(|h| !h.is_empty())?;
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    Some(if dirty { format!("{head}-dirty") } else { head })
+}
+
 fn main() -> std::io::Result<()> {
     println!("cargo:rerun-if-changed={FDS}");
+    // A commit moves HEAD (or the branch it names); staging or editing tracked files changes the
+    // index. Only paths that exist are watched: a missing one would re-run this script on every
+    // build. Git names them, so a worktree (whose .git is a file) works too.
+    println!("cargo:rerun-if-env-changed=UCM_GIT_REVISION");
+    let branch = git(&["symbolic-ref", "-q", "HEAD"]);
+    let mut watched = vec!["HEAD".to_string(), "index".into(), "packed-refs".into()];
+    watched.extend(branch);
+    for name in watched {
+        if let Some(path) = git(&["rev-parse", "--git-path", &name])
+            && std::path::Path::new(&path).exists()
+        {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    let revision = std::env::var("UCM_GIT_REVISION")
+        .ok()
+        .filter(|r| !r.is_empty())
+        .or_else(git_revision)
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=UCM_GIT_REVISION={revision}");
     let bytes = std::fs::read(FDS)?;
     let fds = prost_types::FileDescriptorSet::decode(bytes.as_slice())
         .map_err(|e| std::io::Error::other(format!("{FDS}: {e}")))?;

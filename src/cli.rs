@@ -37,7 +37,7 @@ pub fn command() -> Command {
     }
     let mut cmd = Command::new("ucm")
         .about("Unified Controller Manager: Jumpstarter exporters, Miroir snapshots and KubeVirt VM exports in one process")
-        .version(env!("CARGO_PKG_VERSION"))
+        .version(concat!(env!("CARGO_PKG_VERSION"), " (", env!("UCM_GIT_REVISION"), ")"))
         .subcommand_required(true)
         .arg_required_else_help(true)
         .subcommand(manager)

@@ -137,6 +137,29 @@ async fn metrics_and_probes_are_served() {
     ] {
         assert!(text.contains(family), "missing {family} in /metrics");
     }
+    // The binary names the commit it was built from (build.rs): on a clean checkout exactly
+    // `git rev-parse --short HEAD`; with local changes, that and `-dirty`.
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(repo_root())
+            .output()
+            .expect("git");
+        assert!(out.status.success(), "git {args:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]);
+    let clean = git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    let info = text
+        .lines()
+        .find(|l| l.starts_with("ucm_build_info{"))
+        .expect("ucm_build_info");
+    let exact = format!("revision=\"{head}\"");
+    let dirty = format!("revision=\"{head}-dirty\"");
+    assert!(
+        info.contains(&exact) || (!clean && info.contains(&dirty)),
+        "{info}: the build's revision is not HEAD {head}"
+    );
     // No per-object label values: only the fixed label names appear.
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         assert!(

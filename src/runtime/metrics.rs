@@ -117,10 +117,7 @@ impl Metrics {
             .register(Box::new(build_info.clone()))
             .expect("unique metric");
         build_info
-            .with_label_values(&[
-                env!("CARGO_PKG_VERSION"),
-                option_env!("UCM_GIT_REVISION").unwrap_or("unknown"),
-            ])
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), env!("UCM_GIT_REVISION")])
             .set(1);
         #[cfg(target_os = "linux")]
         m.registry
