@@ -684,6 +684,21 @@ async fn e2_e3_missing_then_in_use_pvc() {
         pvc_cond.message,
         Some(format!("PersistentVolumeClaim {ns}/d not found"))
     );
+    // what the user must act on is also a Warning event (kubectl describe, event alerting)
+    eventually(WAIT, "a PVCNotFound Warning event", || async {
+        let evs: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.clone(), &ns);
+        evs.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("PVCNotFound")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("late")
+            })
+    })
+    .await;
     // a user pod appears before the claim: once the claim exists the export waits for the user
     user_pod(&c, &ns, "user", "d").await;
     mark_pod(&c, &ns, "user", "Running", true).await;

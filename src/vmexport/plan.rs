@@ -131,6 +131,40 @@ impl Plan {
     }
 }
 
+/// A Warning event when the source is first found missing (`PVCNotFound`, `VMNotFound`,
+/// `VMSnapshotNotFound`): the user must create it or fix the name, and `kubectl describe` and
+/// event-based alerting should say so. Once per transition: not while the old status already
+/// carries that reason.
+pub fn source_event(
+    old: Option<&VirtualMachineExportStatus>,
+    source: &super::sources::Source,
+) -> Option<PlannedEvent> {
+    const MISSING: [&str; 3] = [
+        REASON_PVC_NOT_FOUND,
+        REASON_VM_NOT_FOUND,
+        REASON_VMSNAPSHOT_NOT_FOUND,
+    ];
+    if source.available {
+        return None;
+    }
+    let cond = [Some(&source.ready), source.extra.as_ref()]
+        .into_iter()
+        .flatten()
+        .find(|c| c.reason.as_deref().is_some_and(|r| MISSING.contains(&r)))?;
+    let reason = MISSING
+        .into_iter()
+        .find(|r| cond.reason.as_deref() == Some(*r))?;
+    let told = old
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.reason.as_deref() == Some(reason)));
+    (!told).then(|| PlannedEvent {
+        type_: EventType::Warning,
+        reason,
+        action: "Wait",
+        note: cond.message.clone().unwrap_or_default(),
+    })
+}
+
 /// The Warning event for the final failure, if any: a failed create each time, a conflict once
 /// (when the condition first says so).
 pub fn failure_event(
@@ -395,6 +429,8 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
     }
 
     plan.base = status;
+    plan.events
+        .extend(source_event(export.status.as_ref(), &source));
     plan.source = source;
     plan.status = plan.status_with(plan.failure.as_ref());
     if plan.failure.is_some() {

@@ -701,3 +701,30 @@ fn vm_source_without_the_kubevirt_api_waits_for_it() {
         Some(REASON_SOURCE_API_NOT_INSTALLED)
     );
 }
+
+#[test]
+fn a_missing_source_is_a_warning_event_once() {
+    let e = export();
+    let missing = resolve_pvc(&stores(vec![], vec![]), &e);
+    let p = plan(&observed(missing.clone()), &cfg(), now());
+    let warned: Vec<_> = p
+        .events
+        .iter()
+        .filter(|e| e.reason == REASON_PVC_NOT_FOUND)
+        .collect();
+    assert_eq!(warned.len(), 1, "{:?}", p.events);
+    assert_eq!(warned[0].type_, EventType::Warning);
+    assert_eq!(warned[0].note, "PersistentVolumeClaim ns/disk not found");
+    // The next pass, with the condition already in the status: no second event.
+    let mut o = observed(missing);
+    o.export.status = Some(p.status.clone());
+    let p2 = plan(&o, &cfg(), now());
+    assert!(
+        !reasons(&p2).contains(&REASON_PVC_NOT_FOUND),
+        "{:?}",
+        p2.events
+    );
+    // A source that is there: none.
+    let p3 = plan(&observed(available()), &cfg(), now());
+    assert!(!reasons(&p3).contains(&REASON_PVC_NOT_FOUND));
+}
