@@ -77,10 +77,7 @@ pub fn now() -> Time {
 }
 
 pub fn truncate(ts: jiff::Timestamp) -> Time {
-    Time(
-        jiff::Timestamp::from_second(ts.as_second())
-            .expect("whole seconds of a valid timestamp are valid"),
-    )
+    Time(crate::runtime::time::whole_seconds(ts))
 }
 
 /// Caps a message at the schema's limit (characters, not bytes), with a marker, so the API

@@ -147,10 +147,7 @@ fn controller_ref<K: Resource<DynamicType = ()>>(obj: &K) -> Option<OwnerReferen
 }
 
 fn has_controller_ref(meta: &ObjectMeta, owner: &OwnerReference) -> bool {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .any(|r| r.uid == owner.uid && r.controller == Some(true))
+    crate::runtime::meta::controlled_by(meta, &owner.uid)
 }
 
 /// The credential after [`ensure_credential`]: the claims of the token the Secret holds after

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde_json::{Value, json};
 
@@ -20,22 +20,7 @@ pub fn format_stamp(ts: Timestamp) -> String {
     truncate(ts).to_string()
 }
 
-/// `ts` truncated to whole seconds.
-pub fn truncate(ts: Timestamp) -> Timestamp {
-    Timestamp::from_second(ts.as_second()).unwrap_or(ts)
-}
-
-/// `ts + d`, saturating at the end of jiff's range.
-pub fn after(ts: Timestamp, d: Duration) -> Timestamp {
-    let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
-    ts.checked_add(d).unwrap_or(Timestamp::MAX)
-}
-
-/// `ts - d`, saturating.
-pub fn before(ts: Timestamp, d: Duration) -> Timestamp {
-    let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
-    ts.checked_sub(d).unwrap_or(Timestamp::MIN)
-}
+pub use crate::runtime::time::{after, before, whole_seconds as truncate};
 
 /// Non-negative time from `from` to `to`.
 pub fn elapsed(from: Timestamp, to: Timestamp) -> Duration {

@@ -1,6 +1,7 @@
 //! The manager's export CA and per-export serving certificates (docs/vmexport.md, "Certificates").
 //! ECDSA P-256 throughout; the CA's CN is upstream's `export.kubevirt.io`.
 
+use crate::runtime::time::after;
 use std::time::Duration;
 
 use rcgen::{
@@ -22,11 +23,6 @@ pub struct Pem {
 fn odt(t: jiff::Timestamp) -> time::OffsetDateTime {
     time::OffsetDateTime::from_unix_timestamp(t.as_second())
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
-}
-
-fn after(now: jiff::Timestamp, d: Duration) -> jiff::Timestamp {
-    now.checked_add(jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::ZERO))
-        .unwrap_or(jiff::Timestamp::MAX)
 }
 
 pub fn new_ca(now: jiff::Timestamp) -> anyhow::Result<Pem> {

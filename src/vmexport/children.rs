@@ -13,7 +13,7 @@ use kube::{Api, ResourceExt};
 
 use super::build::*;
 use super::certs::{self, Pem};
-use super::context::{Context, Created, is_already_exists, object_ref};
+use super::context::{Context, Created, object_ref};
 use super::naming;
 use super::sources::source_vm;
 use super::types::{Condition, VirtualMachineExport};
@@ -55,11 +55,7 @@ impl Failed {
 
 /// Whether `meta` carries this export's controller reference (its uid).
 pub(super) fn controlled_by(meta: &ObjectMeta, export: &VirtualMachineExport) -> bool {
-    let uid = export.uid().unwrap_or_default();
-    meta.owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.uid == uid)
+    crate::runtime::meta::controlled_by(meta, &export.uid().unwrap_or_default())
 }
 
 /// The conflict for an existing `kind` object this export does not control.
@@ -244,7 +240,7 @@ pub(super) async fn create_service(
             Ok(())
         }
         // Made meanwhile, or someone else's the cache does not show (unlabelled): whose?
-        Err(e) if is_already_exists(&e) => match api.get_metadata_opt(&name).await {
+        Err(e) if e.is_already_exists() => match api.get_metadata_opt(&name).await {
             Ok(Some(m)) => {
                 let existing = Service {
                     metadata: m.metadata,
@@ -308,7 +304,7 @@ pub(super) async fn create_token(
         }
         // Created meanwhile (another leader, or someone else, possibly unlabelled so the cache
         // never shows it): whose is it? Its metadata is all this reads.
-        Err(e) if is_already_exists(&e) => match api.get_metadata_opt(name).await {
+        Err(e) if e.is_already_exists() => match api.get_metadata_opt(name).await {
             Ok(Some(s)) => secret_ours(&s.metadata, export, TOKEN_ADVICE),
             _ => Err(format!("Secret {name}: {e}").into()),
         },
@@ -348,7 +344,7 @@ pub(super) async fn ensure_cert(
             );
             Ok(not_after)
         }
-        Err(e) if is_already_exists(&e) => current_or_reissue(ctx, export, ca, &api, now).await,
+        Err(e) if e.is_already_exists() => current_or_reissue(ctx, export, ca, &api, now).await,
         Err(e) => Err(format!("Secret {name}: {e}").into()),
     }
 }

@@ -188,10 +188,6 @@ pub struct Context {
     pub ttl_deletions: IntCounter,
 }
 
-pub(super) fn is_already_exists(e: &WriteError) -> bool {
-    matches!(e, WriteError::Kube(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists")
-}
-
 pub(super) fn object_ref(e: &VirtualMachineExport) -> ObjectReference {
     e.object_ref(&())
 }
@@ -291,7 +287,7 @@ impl Context {
                 };
                 match self.writer.create(&api, &secret).await {
                     Ok(_) => ca,
-                    Err(e) if is_already_exists(&e) => {
+                    Err(e) if e.is_already_exists() => {
                         read(&api.get(name).await.map_err(read_err)?)?
                     }
                     Err(e) => return Err(Error::CreateCa(name.clone(), e)),

@@ -25,7 +25,7 @@ use prometheus::{IntCounter, IntGaugeVec, Opts};
 use super::build::*;
 use super::children::{create_service, create_token, ensure_cert, ensure_manifest};
 pub use super::context::{Config, Context, Error, Stores};
-use super::context::{Created, is_already_exists, object_ref};
+use super::context::{Created, object_ref};
 use super::naming;
 use super::optional::{self, Kind, Optional};
 use super::plan::{
@@ -136,7 +136,7 @@ async fn create_restore_pvcs(
     for pvc in pvcs {
         match ctx.writer.create(&api, pvc).await {
             Ok(_) => {}
-            Err(e) if is_already_exists(&e) => {}
+            Err(e) if e.is_already_exists() => {}
             Err(e) => return Err(format!("PersistentVolumeClaim {}: {e}", pvc.name_any())),
         }
     }
@@ -317,7 +317,7 @@ async fn create_pod(
                 .await;
             Ok(true)
         }
-        Err(e) if is_already_exists(&e) => Ok(false),
+        Err(e) if e.is_already_exists() => Ok(false),
         Err(e) => {
             let msg = format!("Pod {name}: {e}");
             ctx.writer
