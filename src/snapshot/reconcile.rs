@@ -36,15 +36,17 @@ pub const CONTROLLER: &str = "miroirsnapshot";
 /// Prefix of the agents' heartbeat Leases.
 pub const AGENT_LEASE_PREFIX: &str = "ucm-snapshot-agent-";
 
+/// Each variant names the step; the cause stays its `source`, so the runtime's `error_chain`
+/// prints every cause once.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("write: {0}")]
+    #[error("write")]
     Write(#[from] WriteError),
-    #[error("read: {0}")]
+    #[error("read")]
     Read(#[source] kube::Error),
     #[error("a fenced write was rejected: the round changed since it was read")]
     Fenced,
-    #[error("encode patch: {0}")]
+    #[error("encode patch")]
     Encode(#[from] serde_json::Error),
 }
 
@@ -550,6 +552,14 @@ mod tests {
             ..Default::default()
         });
         s
+    }
+
+    #[test]
+    fn the_error_chain_prints_each_cause_once() {
+        let cause = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let text = cause.to_string();
+        let chain = crate::runtime::controller::error_chain(&Error::Encode(cause));
+        assert_eq!(chain, format!("encode patch: {text}"));
     }
 
     #[test]
