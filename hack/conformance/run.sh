@@ -62,6 +62,9 @@ if [[ ${1:-} != --inside ]]; then
   rm -rf "$logs"
   mkdir -p "$logs"
   work=$(mktemp -d /var/tmp/ucm-conformance-XXXXXX)
+  # A copy, so a build into the shared target directory during the run cannot swap it.
+  cp "$ucm" "$work/ucm"
+  ucm=$work/ucm
   cleanup() {
     if [ -n "${UCM_CONFORMANCE_KEEP:-}" ]; then echo "work directory kept: $work"; else rm -rf "$work"; fi
   }
