@@ -125,7 +125,8 @@ e2e: cluster build
 # ../shared/conformance (read-only test data), against ucm's exporter feature and `ucm router`, with
 # dex, jmp 0.9.0 (and 0.7.4 for old-client) from PyPI, in private namespaces
 # (hack/conformance/run.sh; root). `make conformance LANES="core auth-logging"` picks lanes;
-# `make conformance-ci` runs the lanes CI runs. Logs: .run/conformance/.
+# `make conformance-ci` runs the lanes CI runs; CONFORMANCE_SKIP=<regexp> is -ginkgo.skip.
+# Logs: .run/conformance/ (docs/conformance.md).
 CONFORMANCE_SRC  ?= $(abspath ../shared/conformance)
 DEX              := e2e/bin/dex
 CONFORMANCE_TEST := e2e/bin/jumpstarter-e2e.test
@@ -141,7 +142,7 @@ $(CONFORMANCE_TEST): $(wildcard $(CONFORMANCE_SRC)/jumpstarter-e2e-v0.9.0/test/*
 	cd $(CONFORMANCE_SRC)/jumpstarter-e2e-v0.9.0/test && $(GO_ENV) go test -c -o $(abspath $(CONFORMANCE_TEST)) .
 
 conformance: build $(KHARNESS) $(KUBECTL) $(DEX) $(CONFORMANCE_TEST)
-	UCM_CONFORMANCE_SRC=$(CONFORMANCE_SRC) UCM=$(abspath $(UCM)) hack/conformance/run.sh $(LANES)
+	UCM_CONFORMANCE_SRC=$(CONFORMANCE_SRC) UCM_CONFORMANCE_SKIP="$(CONFORMANCE_SKIP)" UCM=$(abspath $(UCM)) hack/conformance/run.sh $(LANES)
 
 conformance-ci:
 	$(MAKE) conformance LANES="$(CONFORMANCE_CI_LANES)"

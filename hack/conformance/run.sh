@@ -24,7 +24,8 @@
 # Logs and reports stay in .run/conformance/ (controller.log, router.log, dex.log, <lane>.log,
 # <lane>.json, the exporters' logs); everything else is removed, nothing is left running.
 # Environment: UCM (the ucm binary; default $CARGO_TARGET_DIR/debug/ucm),
-# UCM_CONFORMANCE_SRC (default ../shared/conformance), UCM_CONFORMANCE_KEEP=1 keeps the work dir.
+# UCM_CONFORMANCE_SRC (default ../shared/conformance), UCM_CONFORMANCE_KEEP=1 keeps the work dir,
+# UCM_CONFORMANCE_SKIP=<regexp> passes -ginkgo.skip (specs so skipped count as skipped).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here=$root/hack/conformance
@@ -278,6 +279,8 @@ for lane in "${lanes[@]}"; do
   home=$work/home-$lane
   mkdir -p "$home"
   extra=()
+  skip=()
+  [ -n "${UCM_CONFORMANCE_SKIP:-}" ] && skip=(-ginkgo.skip="$UCM_CONFORMANCE_SKIP")
   [ "$lane" = old-client ] && extra=(PYTHON_OLD_VENV="$UCM_CONF_OLD_VENV")
   say "lane $lane: running"
   start=$(date +%s)
@@ -286,7 +289,7 @@ for lane in "${lanes[@]}"; do
     env HOME="$home" E2E_EXPORTER_LOG_DIR="$logs/exporters-$lane" ${extra[@]+"${extra[@]}"} \
       "$bin/jumpstarter-e2e.test" -test.v -test.timeout=0 \
       -ginkgo.label-filter="$lane" -ginkgo.v -ginkgo.show-node-events -ginkgo.trace \
-      -ginkgo.timeout=30m -ginkgo.no-color -ginkgo.json-report="$logs/$lane.json"
+      -ginkgo.timeout=30m -ginkgo.no-color -ginkgo.json-report="$logs/$lane.json" ${skip[@]+"${skip[@]}"}
   ) >"$logs/$lane.log" 2>&1 || true
   secs=$(($(date +%s) - start))
   mapfile -t counted < <("$py" "$root/hack/conformance/count.py" "$logs/$lane.json" "$lane")

@@ -20,6 +20,11 @@ case $version in
       jumpstarter-driver-opendal) ;;
 esac
 pins=("${pins[@]/%/==$version}")
+# jumpstarter-driver-opendal 0.7.4 asks for opendal>=0.45.8 without an upper bound, and opendal
+# 0.47 removed the AsyncFile it imports (every 0.7.4 exporter with the suite's MockStorageMux fails
+# with an ImportError). Later releases of the driver bound it (0.9.0: opendal>=0.45.8,<0.46);
+# the same bound here.
+[ "$version" = 0.9.0 ] || pins+=("opendal>=0.45.8,<0.46")
 stamp=$(printf '%s\n' "${pins[@]}" | sha256sum | cut -c1-16)
 venv=${XDG_CACHE_HOME:-$HOME/.cache}/ucm/venv-conformance-$version-$stamp
 if [[ -f "$venv/.ucm-stamp" && "$(cat "$venv/.ucm-stamp")" == "$stamp" ]]; then
