@@ -30,7 +30,8 @@ GO_SOURCES  := $(shell find e2e/cmd/kharness -name '*.go' 2>/dev/null) e2e/go.mo
 
 export GOTOOLCHAIN := local
 
-.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench fuzz soak image node node-down node-check node-e2e
+.PHONY: build lint fmt unit crds crds-check cluster e2e test test-deps run bench fuzz soak image node node-down node-check node-e2e \
+        conformance conformance-ci
 
 build:
 	$(CARGO) build
@@ -126,6 +127,32 @@ node-e2e: $(NODE_BINS)
 # One shared control plane for the e2e suite (one test binary); tests needing their own start one.
 e2e: cluster build
 	hack/e2e.sh
+
+# Conformance (not part of `test`): Jumpstarter's own e2e suite v0.9.0, unmodified, from
+# ../shared/conformance (read-only test data), against ucm's exporter feature and `ucm router`, with
+# dex, jmp 0.9.0 (and 0.7.4 for old-client) from PyPI, in private namespaces
+# (hack/conformance/run.sh; root). `make conformance LANES="core auth-logging"` picks lanes;
+# `make conformance-ci` runs the lanes CI runs; CONFORMANCE_SKIP=<regexp> is -ginkgo.skip.
+# Logs: .run/conformance/ (docs/conformance.md).
+CONFORMANCE_SRC  ?= $(abspath ../shared/conformance)
+DEX              := e2e/bin/dex
+CONFORMANCE_TEST := e2e/bin/jumpstarter-e2e.test
+LANES            ?= core hooks auth-logging direct-listener dut-network old-client old-controller
+CONFORMANCE_CI_LANES := core auth-logging
+
+# dex from the shared source (its go.mod has a local replace, so no `go install pkg@version`).
+$(DEX): $(CONFORMANCE_SRC)/dex-v2.45.1/go.mod $(CONFORMANCE_SRC)/dex-v2.45.1/go.sum
+	cd $(CONFORMANCE_SRC)/dex-v2.45.1 && $(GO_ENV) go build -ldflags "-s -w" -o $(abspath $(DEX)) ./cmd/dex
+
+# The suite's Ginkgo test binary (`go test -c` of its test/ package, its own go.mod and versions).
+$(CONFORMANCE_TEST): $(wildcard $(CONFORMANCE_SRC)/jumpstarter-e2e-v0.9.0/test/*.go) $(CONFORMANCE_SRC)/jumpstarter-e2e-v0.9.0/test/go.mod
+	cd $(CONFORMANCE_SRC)/jumpstarter-e2e-v0.9.0/test && $(GO_ENV) go test -c -o $(abspath $(CONFORMANCE_TEST)) .
+
+conformance: build $(KHARNESS) $(KUBECTL) $(DEX) $(CONFORMANCE_TEST)
+	UCM_CONFORMANCE_SRC=$(CONFORMANCE_SRC) UCM_CONFORMANCE_SKIP="$(CONFORMANCE_SKIP)" UCM=$(abspath $(UCM)) hack/conformance/run.sh $(LANES)
+
+conformance-ci:
+	$(MAKE) conformance LANES="$(CONFORMANCE_CI_LANES)"
 
 test-deps:
 	hack/test-deps.sh
