@@ -414,11 +414,13 @@ fn queue_tail(
         })
         .flatten()
         .map(|t| conditions::truncate(t).0);
-    // An estimate that moved less than a minute keeps its last value: no write for jitter.
+    // An estimate that moved less than a minute, or that says "now" again, keeps its last
+    // value: no write for jitter.
     if let (Some(new), Some(old)) = (
         estimate,
         previous.and_then(|q| q.estimated_start_time.as_ref()),
-    ) && new.duration_since(old.0).abs() < SignedDuration::from_secs(60)
+    ) && (new.duration_since(old.0).abs() < SignedDuration::from_secs(60)
+        || (new <= now && old.0 <= now))
     {
         estimate = Some(old.0);
     }
