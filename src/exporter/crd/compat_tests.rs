@@ -3,7 +3,8 @@
 //! Every upstream schema node must exist in ucm's CRD with identical keywords (type, format,
 //! default, required, enum, CEL rules, list/map markers, limits; descriptions compared with
 //! whitespace collapsed). The only additions allowed are the seed's Exporter status fields, the
-//! Lease's `status.queue` (docs/exporter.md, "Lease scheduling") and the enums of spec rule 3.1.4. Names, scope, printer columns and subresources must match.
+//! Lease's `status.queue` (docs/exporter.md, "Lease scheduling") and the enums of spec
+//! rule 3.1.4. Names, scope, printer columns and subresources must match.
 
 use std::path::PathBuf;
 

@@ -1155,7 +1155,7 @@ fn a_priority_lease_preempts_the_youngest_spot_lease_after_the_grace_period() {
     assert_eq!(reason, "NotAvailable");
 }
 
-/// The scale of the figure, in process (no API server): 5,000 Exporters (500 online,
+/// The scale of the bench figure, in process (no API server): 5,000 Exporters (500 online,
 /// 50 of them with the contested label), 2,000 waiting Leases of three priorities. One pass per
 /// Lease, each from the same caches as the reconciler's (the queue built from every Lease):
 /// prints the cost per pass, and checks that exactly the 50 heads get an exporter, none ahead
