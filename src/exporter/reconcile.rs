@@ -1003,14 +1003,16 @@ async fn preempt(ctx: &Ctx, ns: &str, by: &str, victim: &str, now: Timestamp) ->
     let Ok(held) = cached.0.as_ref() else {
         return Ok(());
     };
-    if held.status.as_ref().is_none_or(|s| s.ended) {
+    let rv = held.resource_version().unwrap_or_default();
+    // Ended already, or by our own write the cache does not show yet.
+    if held.status.as_ref().is_none_or(|s| s.ended) || ctx.replaced.leases.is_stale(ns, victim, &rv)
+    {
         return Ok(());
     }
     let status = assign::preempted_status(held, by, now);
     let Some(patch) = status_merge_patch(held.status.as_ref(), &status) else {
         return Ok(());
     };
-    let rv = held.resource_version().unwrap_or_default();
     let api: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
     let written = ctx
         .writer
