@@ -25,7 +25,8 @@
 # <lane>.json, the exporters' logs); everything else is removed, nothing is left running.
 # Environment: UCM (the ucm binary; default $CARGO_TARGET_DIR/debug/ucm),
 # UCM_CONFORMANCE_SRC (default ../shared/conformance), UCM_CONFORMANCE_KEEP=1 keeps the work dir,
-# UCM_CONFORMANCE_SKIP=<regexp> passes -ginkgo.skip (specs so skipped count as skipped).
+# UCM_CONFORMANCE_SKIP=<regexp> passes -ginkgo.skip (specs so skipped count as skipped),
+# COMPAT_CLIENT_VERSION (upstream's name; default 0.7.4) the old-client lane's jmp from PyPI.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here=$root/hack/conformance
@@ -58,7 +59,8 @@ if [[ ${1:-} != --inside ]]; then
   [ -d "$src/jumpstarter-e2e-v0.9.0/exporters" ] || { echo "no suite at $src/jumpstarter-e2e-v0.9.0" >&2; exit 1; }
   venv=$("$here/venv.sh" 0.9.0)
   old_venv=""
-  [[ " ${lanes[*]} " == *" old-client "* ]] && old_venv=$("$here/venv.sh" 0.7.4)
+  # The old client's version as upstream's compat/setup.sh names it (its default: 0.7.4).
+[[ " ${lanes[*]} " == *" old-client "* ]] && old_venv=$("$here/venv.sh" "${COMPAT_CLIENT_VERSION:-0.7.4}")
   logs=$root/.run/conformance
   rm -rf "$logs"
   mkdir -p "$logs"
