@@ -7,7 +7,6 @@ mod idle;
 mod input;
 mod keys;
 mod leases;
-mod queue;
 
 use std::time::{Duration, Instant};
 

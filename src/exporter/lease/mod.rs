@@ -3,5 +3,4 @@
 
 pub mod assign;
 pub mod hooks;
-pub mod queue;
 pub mod selector;
