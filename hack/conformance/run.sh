@@ -60,7 +60,7 @@ if [[ ${1:-} != --inside ]]; then
   venv=$("$here/venv.sh" 0.9.0)
   old_venv=""
   # The old client's version as upstream's compat/setup.sh names it (its default: 0.7.4).
-[[ " ${lanes[*]} " == *" old-client "* ]] && old_venv=$("$here/venv.sh" "${COMPAT_CLIENT_VERSION:-0.7.4}")
+  [[ " ${lanes[*]} " == *" old-client "* ]] && old_venv=$("$here/venv.sh" "${COMPAT_CLIENT_VERSION:-0.7.4}")
   logs=$root/.run/conformance
   rm -rf "$logs"
   mkdir -p "$logs"
