@@ -4,6 +4,9 @@
 #   busybox: Debian's static busybox, for the node's helper and demo image (hack/image.sh node).
 #   node:  containerd 1.6 + runc (crun 1.8 fails on hybrid cgroup v1 hosts), the bridge/host-local/
 #          loopback/portmap CNI plugins, iptables for the in-namespace DNAT to the API server.
+#   conformance: the upstream suite's own tools (nc for direct-listener; nft, dnsmasq and ping
+#          for dut-network), unshare/nsenter and ip for the private namespaces, openssl for the
+#          certificates, curl for the login lane (hack/conformance/run.sh).
 # Without root, it only names what is missing.
 set -euo pipefail
 need=()
@@ -24,7 +27,18 @@ for role in "$@"; do
     command -v iptables >/dev/null || need+=(iptables)
     command -v nsenter >/dev/null || need+=(util-linux)
     ;;
-  *) echo "usage: $0 image|busybox|node..." >&2; exit 2 ;;
+  conformance)
+    command -v nc >/dev/null && nc -h 2>&1 | grep -q -- '-z' || need+=(netcat-openbsd)
+    command -v nft >/dev/null || need+=(nftables)
+    command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
+    command -v ping >/dev/null || need+=(iputils-ping)
+    command -v ip >/dev/null || need+=(iproute2)
+    command -v unshare >/dev/null || need+=(util-linux)
+    command -v openssl >/dev/null || need+=(openssl)
+    command -v curl >/dev/null || need+=(curl)
+    command -v flock >/dev/null || need+=(util-linux)
+    ;;
+  *) echo "usage: $0 image|busybox|node|conformance..." >&2; exit 2 ;;
   esac
 done
 [ ${#need[@]} -eq 0 ] && exit 0

@@ -3,6 +3,8 @@
 # wire-schema check and the real-exporter e2e tests use, and prints its path on stdout.
 #
 #   hack/jumpstarter-venv.sh            # prints e.g. /root/.cache/ucm/venv-jumpstarter-<hash>
+#   hack/jumpstarter-venv.sh NAME PIN...  # another set of pins: .../venv-NAME-<hash>
+#                                         # (hack/conformance/venv.sh)
 #
 # UCM_JUMPSTARTER_VENV overrides the location. The directory name carries a hash of the pins, so
 # checkouts with different pins never rebuild each other's venv; a lock serialises concurrent
@@ -10,6 +12,7 @@
 # exits non-zero with pip's message: callers fail loudly.
 set -euo pipefail
 python=${PYTHON:-python3}
+name=jumpstarter
 pins=(
   jumpstarter==0.9.0
   jumpstarter-protocol==0.9.0
@@ -21,8 +24,15 @@ pins=(
   protobuf==7.36.2
   grpcio==1.85.3
 )
+if (($#)); then
+  name=$1
+  shift
+  pins=("$@")
+  ((${#pins[@]})) || { echo "usage: $0 [NAME PIN...]" >&2; exit 2; }
+  unset UCM_JUMPSTARTER_VENV
+fi
 stamp=$(printf '%s\n' "${pins[@]}" | sha256sum | cut -c1-16)
-venv=${UCM_JUMPSTARTER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ucm/venv-jumpstarter-$stamp}
+venv=${UCM_JUMPSTARTER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ucm/venv-$name-$stamp}
 if [[ -f "$venv/.ucm-stamp" && "$(cat "$venv/.ucm-stamp")" == "$stamp" ]]; then
   echo "$venv"
   exit 0
