@@ -623,3 +623,187 @@ async fn heartbeats_persist_last_seen_once_per_interval() {
         "a heartbeat left the reconciler something to write"
     );
 }
+
+/// A Jumpstarter 0.7 exporter: Register without ReportStatus, the Status stream, and Listen on
+/// the lease it is shown, `delay` seconds after seeing it (as 0.7 opens Listen only then).
+/// Prints `LEASED <name>` and `TOKEN <router token>`.
+const PY_LEGACY: &str = r#"
+import sys, time, grpc
+from jumpstarter_protocol.jumpstarter.v1 import jumpstarter_pb2 as pb, jumpstarter_pb2_grpc as rpc
+endpoint, ca, ns, name, token, delay = sys.argv[1:7]
+creds = grpc.ssl_channel_credentials(root_certificates=open(ca, 'rb').read())
+ch = grpc.secure_channel(endpoint, creds, options=[("grpc.ssl_target_name_override", "localhost")])
+stub = rpc.ControllerServiceStub(ch)
+md = [("authorization", "Bearer " + token), ("jumpstarter-namespace", ns),
+      ("jumpstarter-kind", "Exporter"), ("jumpstarter-name", name)]
+stub.Register(pb.RegisterRequest(labels={"jumpstarter.dev/board": "old"},
+    reports=[pb.DriverInstanceReport(uuid="d1")]), metadata=md, timeout=20)
+for st in stub.Status(pb.StatusRequest(), metadata=md, timeout=120):
+    if st.leased and st.lease_name:
+        print("LEASED", st.lease_name, flush=True)
+        time.sleep(float(delay))
+        for r in stub.Listen(pb.ListenRequest(lease_name=st.lease_name), metadata=md, timeout=60):
+            print("TOKEN", r.router_token, flush=True)
+            sys.exit(0)
+"#;
+
+/// A client's Dial on `lease`. Prints `TOKEN <router token>` or `ERROR <CODE> <details>`.
+const PY_DIAL: &str = r#"
+import sys, grpc
+from jumpstarter_protocol.jumpstarter.v1 import jumpstarter_pb2 as pb, jumpstarter_pb2_grpc as rpc
+endpoint, ca, ns, name, token, lease = sys.argv[1:7]
+creds = grpc.ssl_channel_credentials(root_certificates=open(ca, 'rb').read())
+ch = grpc.secure_channel(endpoint, creds, options=[("grpc.ssl_target_name_override", "localhost")])
+md = [("authorization", "Bearer " + token), ("jumpstarter-namespace", ns),
+      ("jumpstarter-kind", "Client"), ("jumpstarter-name", name)]
+try:
+    print("TOKEN", rpc.ControllerServiceStub(ch).Dial(pb.DialRequest(lease_name=lease), metadata=md, timeout=60).router_token)
+except grpc.RpcError as e:
+    print("ERROR", e.code().name, e.details())
+"#;
+
+/// An exporter that never reports its status (Jumpstarter 0.7) is shown `Available` while free
+/// and `LeaseReady` while leased, marked as derived, gets leases, and a client's Dial that comes
+/// before its Listen waits for it and pairs with it (docs/exporter.md, "Exporters that do not
+/// report a status", "Dial and Listen").
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane and the pinned jumpstarter packages"]
+async fn an_exporter_that_never_reports_is_available_leased_and_dialled() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::Api;
+    use kube::api::PostParams;
+    use std::io::BufRead;
+    use ucm::exporter::crd::{Client, Exporter, ExporterStatusValue as S, Lease};
+    use ucm::exporter::exporter_status::DERIVED_MESSAGE;
+
+    let lab = Lab::start(
+        "grpc-legacy",
+        &[],
+        &["old"],
+        serde_json::json!({"board": "old"}),
+    )
+    .await;
+    let env = &lab.env;
+    let exporters: Api<Exporter> = Api::namespaced(env.client.clone(), &env.ns);
+    let clients: Api<Client> = Api::namespaced(env.client.clone(), &env.ns);
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    // The gRPC listener is up once a Register is answered (see `first_register`).
+    assert!(lab.first_register("old").await.contains("REPORTED"));
+    // Back to "never reported": a fresh Exporter of the same name would do as well; clearing
+    // the reported value and message is what an upstream-built 0.7 lab holds.
+    exporters
+        .patch_status(
+            "old",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"status": {"exporterStatus": null, "statusMessage": null}}),
+            ),
+        )
+        .await
+        .unwrap();
+
+    let mut legacy = Command::new(lab.venv.join("bin/python"))
+        .arg("-c")
+        .arg(PY_LEGACY)
+        .args([
+            &lab.endpoint,
+            &lab.ca,
+            &env.ns,
+            "old",
+            &lab.tokens["old"],
+            "2",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let derived = |e: &Exporter, want: S| {
+        e.status.as_ref().is_some_and(|s| {
+            s.exporter_status == Some(want) && s.status_message.as_deref() == Some(DERIVED_MESSAGE)
+        })
+    };
+    eventually(TIMEOUT, "derived Available", || async {
+        exporters
+            .get("old")
+            .await
+            .is_ok_and(|e| derived(&e, S::Available))
+    })
+    .await;
+
+    clients
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
+                "metadata": {"name": "c1"}, "spec": {}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually(TIMEOUT, "Secret c1-client", || async {
+        secrets.get_opt("c1-client").await.ok().flatten().is_some()
+    })
+    .await;
+    let client_token = String::from_utf8(
+        secrets.get("c1-client").await.unwrap().data.unwrap()["token"]
+            .0
+            .clone(),
+    )
+    .unwrap();
+    leases
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Lease",
+                "metadata": {"name": "l1"},
+                "spec": {"clientRef": {"name": "c1"}, "selector": {"matchLabels": {"board": "old"}},
+                         "duration": "10m"}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually(TIMEOUT, "derived LeaseReady", || async {
+        exporters
+            .get("old")
+            .await
+            .is_ok_and(|e| derived(&e, S::LeaseReady))
+    })
+    .await;
+
+    // Dial now: the exporter opens Listen 2 s after its Status stream shows the lease.
+    let (venv, endpoint, ca, ns) = (
+        lab.venv.clone(),
+        lab.endpoint.clone(),
+        lab.ca.clone(),
+        env.ns.clone(),
+    );
+    let dial = tokio::task::spawn_blocking(move || {
+        let out = Command::new(venv.join("bin/python"))
+            .arg("-c")
+            .arg(PY_DIAL)
+            .args([&endpoint, &ca, &ns, "c1", &client_token, "l1"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+    })
+    .await
+    .unwrap();
+    let lines: Vec<String> = std::io::BufReader::new(legacy.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .collect();
+    let status = legacy.wait().unwrap();
+    assert!(status.success(), "legacy exporter: {lines:?}");
+    assert!(lines.iter().any(|l| l == "LEASED l1"), "{lines:?}");
+    let heard = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("TOKEN "))
+        .unwrap_or_default();
+    let got = dial.trim().strip_prefix("TOKEN ").unwrap_or_default();
+    assert!(
+        !got.is_empty() && got == heard,
+        "Dial: {dial}; exporter heard: {lines:?}"
+    );
+}

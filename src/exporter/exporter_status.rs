@@ -147,6 +147,37 @@ pub fn human_threshold(threshold: SignedDuration) -> String {
     }
 }
 
+/// The message of an `exporterStatus` the controller derived (docs/exporter.md, "Exporters that
+/// do not report a status").
+pub const DERIVED_MESSAGE: &str =
+    "The exporter does not report its status (Jumpstarter 0.7 or older); derived from its lease";
+
+/// OURS (docs/exporter.md, "Exporters that do not report a status"): an online exporter with no
+/// status of its own gets `Available`, or `LeaseReady` while it holds a lease, so the lab sees
+/// it as a 0.8 exporter is seen. A report replaces the message, which ends the derivation.
+fn derive_unreported(status: &mut ExporterStatus) {
+    use ExporterStatusValue as S;
+    if status.records_lease_hooks == Some(true) {
+        return;
+    }
+    match status.exporter_status {
+        None | Some(S::Unspecified) => {}
+        Some(S::Available | S::LeaseReady) if is_derived(status) => {}
+        _ => return,
+    }
+    status.exporter_status = Some(if status.lease_ref.is_some() {
+        S::LeaseReady
+    } else {
+        S::Available
+    });
+    status.status_message = Some(DERIVED_MESSAGE.into());
+}
+
+/// Whether `exporterStatus` was derived by the controller rather than reported.
+pub fn is_derived(status: &ExporterStatus) -> bool {
+    status.status_message.as_deref() == Some(DERIVED_MESSAGE)
+}
+
 /// `Online` and `Registered` plus the `exporterStatus`/`statusMessage` rules of docs/exporter.md,
 /// "Online and Registered". Shared with the gRPC handlers.
 pub fn derive_conditions(
@@ -189,6 +220,9 @@ pub fn derive_conditions(
             format!("Last seen less than {t} ago"),
         ),
     };
+    if online.status == conditions::Status::True {
+        derive_unreported(status);
+    }
     conditions::set(conditions, online, generation, &stamp);
     let registered = if status.devices.is_some() {
         Desired::new(REGISTERED, true, REASON_REGISTER, "")
@@ -523,6 +557,80 @@ mod tests {
             Some(ExporterStatusValue::Available)
         );
         assert_eq!(c.observed_generation, Some(3));
+    }
+
+    #[test]
+    fn an_exporter_that_never_reports_gets_a_derived_status_that_follows_its_lease() {
+        use ExporterStatusValue as S;
+        const T: SignedDuration = SignedDuration::from_secs(60);
+        // Seen, no status, no record: a 0.7 exporter. Available while free.
+        let d = run(
+            ExporterStatus {
+                last_seen: Some(Time(ts(NOW - 5))),
+                ..Default::default()
+            },
+            &StatusSettings::default(),
+        );
+        assert_eq!(d.status.exporter_status, Some(S::Available));
+        assert!(is_derived(&d.status));
+        assert_eq!(cond(&d.status, ONLINE).status, "True");
+        // Leased: LeaseReady; free again: Available.
+        let mut s = d.status.clone();
+        let mut c = Vec::new();
+        s.lease_ref = Some(LocalObjectReference::new("l1"));
+        derive_conditions(&mut s, &mut c, Some(1), T, ts(NOW));
+        assert_eq!(s.exporter_status, Some(S::LeaseReady));
+        s.lease_ref = None;
+        derive_conditions(&mut s, &mut c, Some(1), T, ts(NOW));
+        assert_eq!(s.exporter_status, Some(S::Available));
+        // Quiet past T: Offline as any exporter; its own Unregister's Offline is kept.
+        let mut quiet = s.clone();
+        quiet.last_seen = Some(Time(ts(NOW - 120)));
+        derive_conditions(&mut quiet, &mut c, Some(1), T, ts(NOW));
+        assert_eq!(quiet.exporter_status, Some(S::Offline));
+        let mut bye = s.clone();
+        bye.exporter_status = Some(S::Offline);
+        bye.status_message = Some("Exporter unregistered".into());
+        derive_conditions(&mut bye, &mut c, Some(1), T, ts(NOW));
+        assert_eq!(bye.exporter_status, Some(S::Offline));
+        // The reconnect clears Offline (the Status handler), and it is derived again.
+        bye.exporter_status = None;
+        bye.status_message = None;
+        derive_conditions(&mut bye, &mut c, Some(1), T, ts(NOW));
+        assert_eq!(bye.exporter_status, Some(S::Available));
+        // A report (its own message) ends the derivation, even with the same value.
+        let mut reported = s.clone();
+        reported.status_message = Some("Exporter registered and available".into());
+        reported.lease_ref = Some(LocalObjectReference::new("l1"));
+        derive_conditions(&mut reported, &mut c, Some(1), T, ts(NOW));
+        assert_eq!(reported.exporter_status, Some(S::Available));
+    }
+
+    #[test]
+    fn a_reported_or_recorded_status_is_never_derived() {
+        use ExporterStatusValue as S;
+        let seen = Some(Time(ts(NOW - 5)));
+        for st in [
+            // Declares the lease-hooks record (registered as Unspecified).
+            ExporterStatus {
+                last_seen: seen.clone(),
+                records_lease_hooks: Some(true),
+                exporter_status: Some(S::Unspecified),
+                ..Default::default()
+            },
+            // A reported value, for example taken over from upstream.
+            ExporterStatus {
+                last_seen: seen.clone(),
+                exporter_status: Some(S::BeforeLeaseHook),
+                status_message: Some("running".into()),
+                ..Default::default()
+            },
+            // Never seen: nothing is known yet.
+            ExporterStatus::default(),
+        ] {
+            let d = run(st.clone(), &StatusSettings::default());
+            assert_eq!(d.status.exporter_status, st.exporter_status, "{st:?}");
+        }
     }
 
     #[test]

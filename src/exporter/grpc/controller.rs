@@ -35,6 +35,8 @@ pub const RECORDS_HOOKS_MD: &str = "jumpstarter-records-lease-hooks";
 pub const LEASE_HOOKS_BIN_MD: &str = "jumpstarter-lease-hooks-bin";
 const LABEL_PREFIX: &str = "jumpstarter.dev/";
 const LISTEN_QUEUE: usize = 8;
+/// How long a Dial waits for the exporter's Listen (docs/exporter.md, "Dial and Listen").
+const LISTEN_WAIT: Duration = Duration::from_secs(30);
 
 type ListenTx = mpsc::Sender<Result<pb::ListenResponse, Status>>;
 
@@ -47,6 +49,8 @@ pub struct Controller {
     /// (namespace, lease) → queue of the current Listen stream (docs/exporter.md, "Dial and
     /// Listen").
     listeners: Mutex<HashMap<(String, String), ListenTx>>,
+    /// Woken whenever a Listen registers, for the Dials waiting on one.
+    listen_registered: tokio::sync::Notify,
     /// Cancelled when this serving session ends (leadership lost, shutdown): ends every stream
     /// so the server's graceful stop does not wait on them.
     pub stop: tokio_util::sync::CancellationToken,
@@ -80,6 +84,7 @@ impl Controller {
             router_endpoint,
             authn,
             listeners: Default::default(),
+            listen_registered: Default::default(),
             stop: tokio_util::sync::CancellationToken::new(),
             liveness: Liveness::default(),
         }
@@ -435,6 +440,12 @@ impl Controller {
                 .map_err(|_| internal("read the exporter"))?
                 .ok_or_else(|| Status::failed_precondition("exporter not found"))?;
             use ExporterStatusValue as S;
+            // An exporter that does not report its status is never refused for it, as upstream
+            // lets such exporters (an empty status) through (docs/exporter.md, "Exporters that
+            // do not report a status").
+            if exp.status.as_ref().is_some_and(exporter_status::is_derived) {
+                return Ok(exp);
+            }
             match exp.status.as_ref().and_then(|s| s.exporter_status) {
                 None
                 | Some(S::Unspecified | S::LeaseReady | S::BeforeLeaseHook | S::AfterLeaseHook) => {
@@ -657,6 +668,8 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
         let mut listeners = self.listeners.lock().expect("listeners");
         listeners.retain(|_, tx| !tx.is_closed());
         listeners.insert((caller.namespace, lease_name), tx);
+        drop(listeners);
+        self.listen_registered.notify_waiters();
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -712,17 +725,28 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
             router_token: token.clone(),
         };
         let key = (caller.namespace.clone(), lease_name);
-        let tx = self.listeners.lock().expect("listeners").get(&key).cloned();
-        match tx.map(|tx| tx.try_send(Ok(resp))) {
-            None | Some(Err(mpsc::error::TrySendError::Closed(_))) => {
-                return Err(Status::unavailable(
-                    "exporter is not listening on this lease",
-                ));
+        // An exporter opens Listen only once its Status stream shows the lease, so a Dial may
+        // come first: wait for it a bounded time (docs/exporter.md, "Dial and Listen").
+        let deadline = tokio::time::Instant::now() + LISTEN_WAIT;
+        loop {
+            let registered = self.listen_registered.notified();
+            tokio::pin!(registered);
+            registered.as_mut().enable();
+            let tx = self.listeners.lock().expect("listeners").get(&key).cloned();
+            match tx.map(|tx| tx.try_send(Ok(resp.clone()))) {
+                None | Some(Err(mpsc::error::TrySendError::Closed(_))) => {}
+                Some(Err(mpsc::error::TrySendError::Full(_))) => {
+                    return Err(Status::resource_exhausted("too many pending connections"));
+                }
+                Some(Ok(())) => break,
             }
-            Some(Err(mpsc::error::TrySendError::Full(_))) => {
-                return Err(Status::resource_exhausted("too many pending connections"));
+            tokio::select! {
+                _ = &mut registered => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(Status::unavailable("exporter is not listening on this lease"));
+                }
+                _ = self.stop.cancelled() => return Err(Status::unavailable("controller stopping")),
             }
-            Some(Ok(())) => {}
         }
         Ok(Response::new(pb::DialResponse {
             router_endpoint,
