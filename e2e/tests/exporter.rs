@@ -7,6 +7,7 @@ mod idle;
 mod input;
 mod keys;
 mod leases;
+mod queue;
 
 use std::time::{Duration, Instant};
 

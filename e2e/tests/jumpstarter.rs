@@ -258,6 +258,16 @@ impl Lab {
 
     /// With the `jumpstarter-controller` ConfigMap's key `config` set to `config`.
     async fn start_with(test: &str, offline_threshold: &str, config: Option<&str>) -> Lab {
+        Lab::start_full(test, offline_threshold, config, &[]).await
+    }
+
+    /// Also with `extra` manager flags.
+    async fn start_full(
+        test: &str,
+        offline_threshold: &str,
+        config: Option<&str>,
+        extra: &[&str],
+    ) -> Lab {
         let venv = tokio::task::spawn_blocking(jumpstarter_venv).await.unwrap();
         let env = TestEnv::new(test).await;
         if let Some(config) = config {
@@ -286,7 +296,8 @@ impl Lab {
                     format!("--exporter-router-endpoint={router_endpoint}"),
                     format!("--exporter-offline-threshold={offline_threshold}"),
                     format!("--exporter-login-bind-address=127.0.0.1:{login_port}"),
-                ]),
+                ])
+                .args(extra.iter().map(|a| a.to_string())),
         );
         // Exporter and Client as an admin makes them: `jmp admin` creates the objects, waits for
         // ucm's credential and endpoint, and writes the peers' configs (tokens included).
@@ -457,6 +468,159 @@ impl Lab {
             .await
             .0
     }
+}
+
+/// The lease queue with the real peers (docs/exporter.md, "Lease scheduling"): `jmp get leases`
+/// shows where a pending lease stands (its Pending condition), and a lease `jmp` holds under
+/// spot access is preempted (grace 0) by a priority lease, whose the real exporter then serves.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane and the pinned jumpstarter packages"]
+async fn jmp_shows_queue_positions_and_a_spot_lease_is_preempted() {
+    let lab = Lab::start_full(
+        "jmp-queue",
+        "60s",
+        None,
+        &["--exporter-preemption-grace=0s"],
+    )
+    .await;
+    let _exporter = lab.start_exporter(1);
+    lab.wait_available("registered, online and available").await;
+    // The lab's client may use the board under spot access only; Clients labelled team=ci
+    // without it, at priority 10.
+    let policies: Api<ucm::exporter::crd::ExporterAccessPolicy> =
+        Api::namespaced(lab.env.client.clone(), &lab.env.ns);
+    let policy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "board"},
+        "spec": {"exporterSelector": {"matchLabels": {"board": BOARD}},
+                 "policies": [
+                     {"priority": 10, "from": [{"clientSelector": {"matchLabels": {"team": "ci"}}}]},
+                     {"spotAccess": true, "from": [{"clientSelector": {}}]}]}
+    }))
+    .unwrap();
+    policies.create(&Default::default(), &policy).await.unwrap();
+    let clients: Api<ucm::exporter::crd::Client> =
+        Api::namespaced(lab.env.client.clone(), &lab.env.ns);
+    let ci = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "ci", "labels": {"team": "ci"}}, "spec": {}
+    }))
+    .unwrap();
+    clients.create(&Default::default(), &ci).await.unwrap();
+
+    let selector = format!("board={BOARD}");
+    let create = || async {
+        let (ok, out, err) = lab
+            .jmp(&[
+                "create",
+                "lease",
+                "-l",
+                &selector,
+                "--duration",
+                "10m",
+                "-o",
+                "name",
+            ])
+            .await;
+        assert!(ok, "jmp create lease failed:\n{out}\n{err}");
+        out.trim().to_string()
+    };
+    let spot = create().await;
+    let (e, _) = lab
+        .wait_exporter(TIMEOUT, "leased under spot access", |e| {
+            lease_ref(e).as_deref() == Some(spot.as_str())
+                && exporter_status(e) == Some(ExporterStatusValue::LeaseReady)
+        })
+        .await;
+    drop(e);
+    let spot_status = lab.leases().get(&spot).await.unwrap().status.unwrap();
+    assert_eq!(spot_status.spot_access, Some(true));
+    let (w1, w2) = (create().await, create().await);
+
+    // What `jmp get leases` shows of a pending lease: its Pending condition, with its place.
+    let pending_message = |out: &str, name: &str| -> Option<String> {
+        let listed: serde_json::Value = serde_json::from_str(out).ok()?;
+        let lease = listed["leases"]
+            .as_array()?
+            .iter()
+            .find(|l| l["name"] == name)?
+            .clone();
+        lease["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Pending" && c["status"] == "True")
+            .and_then(|c| c["message"].as_str().map(str::to_string))
+    };
+    let shows = |name: String, place: &'static str| {
+        let lab = &lab;
+        async move {
+            let deadline = Instant::now() + TIMEOUT;
+            loop {
+                let (ok, out, err) = lab.jmp(&["get", "leases", "-o", "json"]).await;
+                assert!(ok, "jmp get leases failed:\n{out}\n{err}");
+                let message = pending_message(&out, &name);
+                if message.as_deref().is_some_and(|m| m.contains(place)) {
+                    return message.unwrap();
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "jmp get leases never showed {name} at {place:?}; last: {message:?}\n{out}"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    let m1 = shows(w1.clone(), "position 1 in the queue").await;
+    let m2 = shows(w2.clone(), "position 2 in the queue").await;
+    eprintln!("jmp get leases: {w1}: {m1}\n{w2}: {m2}");
+    // The holder has 10m: the estimate is a time, not "unknown".
+    assert!(m2.contains("estimated start 20"), "{m2}");
+
+    // A priority lease for the ci Client: it heads the queue, the spot lease is preempted at
+    // once and the real exporter goes to it.
+    let urgent: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "urgent"},
+        "spec": {"clientRef": {"name": "ci"}, "duration": "10m",
+                 "selector": {"matchLabels": {"board": BOARD}}}
+    }))
+    .unwrap();
+    lab.leases()
+        .create(&Default::default(), &urgent)
+        .await
+        .unwrap();
+    lab.wait_exporter(TIMEOUT, "leased to the priority lease", |e| {
+        lease_ref(e).as_deref() == Some("urgent")
+            && exporter_status(e) == Some(ExporterStatusValue::LeaseReady)
+    })
+    .await;
+    let preempted = lab.leases().get(&spot).await.unwrap();
+    let st = preempted.status.unwrap();
+    assert!(st.ended, "the spot lease did not end");
+    let ended = st
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Ended")
+        .expect("an Ended condition");
+    assert_eq!(
+        (ended.status.as_str(), ended.reason.as_str()),
+        ("True", "Preempted")
+    );
+    assert!(ended.message.contains("lease urgent"), "{}", ended.message);
+    // The spot leases still waiting keep their order behind it.
+    shows(w1, "position 1 in the queue").await;
+    shows(w2, "position 2 in the queue").await;
+    let metrics = lab.mgr.metrics().await;
+    assert!(
+        metrics.contains(&format!(
+            "ucm_exporter_lease_preemptions_total{{namespace=\"{}\"}} 1",
+            lab.env.ns
+        )),
+        "preemptions: {}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("preemptions"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 /// The real exporter registers (Registered, Online, Available, devices listed); `jmp`

@@ -1,13 +1,14 @@
 //! The exporter feature's metrics (docs/exporter.md, "Metrics"). No metric carries a per-object
-//! label; every label value is pre-initialised.
+//! label; every label value is pre-initialised, except the namespaces of the lease-queue metrics
+//! (docs/exporter.md, "Lease scheduling"), which appear with the first lease of a namespace.
 
 use kube::runtime::reflector::Store;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::conditions;
-use crate::exporter::crd::{Exporter, ExporterStatusValue};
+use crate::exporter::crd::{Exporter, ExporterStatusValue, Lease};
 use crate::exporter::exporter_status::ONLINE;
 use crate::runtime::controller::Guarded;
 
@@ -26,6 +27,11 @@ pub struct Metrics {
     pub acquisitions: IntCounterVec,
     /// `ucm_exporter_status_writes_total{source}`.
     pub status_writes: IntCounterVec,
+    /// `ucm_exporter_lease_wait_seconds{namespace}`: from a lease's creation (or its
+    /// beginTime, when later) to its exporter.
+    pub lease_wait: HistogramVec,
+    /// `ucm_exporter_lease_preemptions_total{namespace}`.
+    pub preemptions: IntCounterVec,
 }
 
 impl Metrics {
@@ -52,14 +58,44 @@ impl Metrics {
         for source in WRITE_SOURCES {
             status_writes.with_label_values(&[source]);
         }
+        let lease_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "ucm_exporter_lease_wait_seconds",
+                "How long leases waited for an exporter: from creation (or beginTime, when later) to assignment",
+            )
+            .buckets(vec![
+                1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0,
+                86400.0,
+            ]),
+            &["namespace"],
+        )
+        .expect("valid metric");
+        let preemptions = IntCounterVec::new(
+            Opts::new(
+                "ucm_exporter_lease_preemptions_total",
+                "Leases held under spot access that a lease with priority over them ended",
+            ),
+            &["namespace"],
+        )
+        .expect("valid metric");
         Metrics {
             acquisitions,
             status_writes,
+            lease_wait,
+            preemptions,
         }
+    }
+
+    /// The lease-queue series of a namespace known at start (`--watch-namespace`), at 0.
+    pub fn preinit_namespace(&self, namespace: &str) {
+        self.lease_wait.with_label_values(&[namespace]);
+        self.preemptions.with_label_values(&[namespace]);
     }
 
     pub fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
         registry.register(Box::new(self.acquisitions.clone()))?;
+        registry.register(Box::new(self.lease_wait.clone()))?;
+        registry.register(Box::new(self.preemptions.clone()))?;
         registry.register(Box::new(self.status_writes.clone()))
     }
 }
@@ -149,6 +185,71 @@ impl Collector for ExporterGauges {
     }
 }
 
+/// `ucm_exporter_lease_queue_length{namespace}`: the leases waiting for an exporter, from the
+/// Lease cache at scrape time.
+pub struct LeaseQueueGauge {
+    store: Store<Guarded<Lease>>,
+    length: IntGaugeVec,
+    /// Namespaces shown at 0 when they hold no lease (`--watch-namespace`).
+    known: Option<String>,
+}
+
+impl LeaseQueueGauge {
+    pub fn new(store: Store<Guarded<Lease>>, known: Option<String>) -> Self {
+        LeaseQueueGauge {
+            store,
+            known,
+            length: IntGaugeVec::new(
+                Opts::new(
+                    "ucm_exporter_lease_queue_length",
+                    "Leases waiting for an exporter (not scheduled for later), per namespace",
+                ),
+                &["namespace"],
+            )
+            .expect("valid metric"),
+        }
+    }
+}
+
+/// Waiting leases per namespace (pure, for tests).
+pub fn queue_lengths<'a>(
+    leases: impl Iterator<Item = &'a Lease>,
+    now: jiff::Timestamp,
+) -> std::collections::BTreeMap<String, i64> {
+    let mut out = std::collections::BTreeMap::new();
+    for l in leases {
+        let ns = l.metadata.namespace.clone().unwrap_or_default();
+        let n = out.entry(ns).or_insert(0);
+        if crate::exporter::lease::queue::is_waiting(l, now) {
+            *n += 1;
+        }
+    }
+    out
+}
+
+impl Collector for LeaseQueueGauge {
+    fn desc(&self) -> Vec<&Desc> {
+        self.length.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let state = self.store.state();
+        let mut lengths = queue_lengths(
+            state.iter().filter_map(|g| g.0.as_ref().ok()),
+            jiff::Timestamp::now(),
+        );
+        if let Some(ns) = &self.known {
+            lengths.entry(ns.clone()).or_insert(0);
+        }
+        // A namespace whose leases are all gone drops out.
+        self.length.reset();
+        for (ns, n) in lengths {
+            self.length.with_label_values(&[&ns]).set(n);
+        }
+        self.length.collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +309,31 @@ mod tests {
         assert_eq!(series("ucm_exporter_status_writes_total"), 6);
         assert_eq!(series("ucm_exporter_exporters"), 8);
         assert_eq!(series("ucm_exporter_exporters_online"), 2);
+    }
+
+    #[test]
+    fn queue_length_counts_waiting_leases_per_namespace() {
+        use crate::exporter::crd::{LeaseSpec, LeaseStatus, LocalObjectReference};
+        let lease = |ns: &str, assigned: bool| Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some("l".into()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            },
+            spec: LeaseSpec::default(),
+            status: assigned.then(|| LeaseStatus {
+                exporter_ref: Some(LocalObjectReference::new("e")),
+                ..Default::default()
+            }),
+        };
+        let list = [
+            lease("a", false),
+            lease("a", false),
+            lease("a", true),
+            lease("b", true),
+        ];
+        let got = queue_lengths(list.iter(), Timestamp::UNIX_EPOCH);
+        assert_eq!(got.get("a"), Some(&2));
+        assert_eq!(got.get("b"), Some(&0));
     }
 }

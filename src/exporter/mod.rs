@@ -183,6 +183,9 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
     };
 
     let metrics = metrics::Metrics::new();
+    if let Some(ns) = &rt.config.watch_namespace {
+        metrics.preinit_namespace(ns);
+    }
     metrics
         .register(&rt.metrics.registry)
         .map_err(|e| format!("cannot register exporter metrics: {e}"))?;
@@ -236,6 +239,13 @@ async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
         .registry
         .register(Box::new(metrics::ExporterGauges::new(exporters.clone())))
         .map_err(|e| format!("cannot register exporter gauges: {e}"))?;
+    rt.metrics
+        .registry
+        .register(Box::new(metrics::LeaseQueueGauge::new(
+            leases.clone(),
+            rt.config.watch_namespace.clone(),
+        )))
+        .map_err(|e| format!("cannot register the lease queue gauge: {e}"))?;
 
     // Lease: every change of an active lease, plus the pending leases that a change of an
     // Exporter, a policy or a Client may satisfy.

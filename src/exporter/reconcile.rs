@@ -24,8 +24,9 @@ use crate::exporter::client_status;
 use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
 use crate::exporter::exporter_status::{self, EventSpec, HeldLease, mint_note};
 use crate::exporter::lease::assign::{
-    self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, UNSATISFIABLE,
+    self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, QueueInputs, UNSATISFIABLE,
 };
+use crate::exporter::lease::queue;
 use crate::exporter::own_writes::{Ledger, Replacements, STALE_RECHECK, Tokens};
 use crate::exporter::settings::Settings;
 use crate::runtime::controller::Guarded;
@@ -755,6 +756,9 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     // this controller, so a change a pending lease waits for always brings a pass that sees it.
     let exporters = Caches::in_namespace(&ctx.caches.exporters, &ns);
     let mut assignment = None;
+    // The waiting leases behind this one, whose shown position changes when it enters or
+    // leaves the queue.
+    let mut wake: Vec<String> = Vec::new();
     if !status.ended && status.exporter_ref_name().is_none() {
         let exporter_refs = readable(&exporters);
         let policies = Caches::in_namespace(&ctx.caches.policies, &ns);
@@ -765,31 +769,54 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         } else {
             Caches::get(&ctx.caches.clients, &ns, &lease.spec.client_ref.name)
         };
-        // Decides and reserves under the ledger's lock, from the inputs given.
+        // Decides and reserves under the ledger's lock, from the inputs given. The queue
+        // (docs/exporter.md, "Lease scheduling") is built from the same snapshot: every waiting
+        // lease of the namespace, with the Clients that policies approve by.
         let decide = |exporters: &[&Exporter],
                       policies: &[&ExporterAccessPolicy],
                       client: Option<&Client>| {
-            ctx.ledger.decide(
+            let clients = if policies.is_empty() {
+                Vec::new()
+            } else {
+                Caches::in_namespace(&ctx.caches.clients, &ns)
+            };
+            let by_name: std::collections::HashMap<&str, &Client> = readable(&clients)
+                .into_iter()
+                .map(|c| (c.metadata.name.as_deref().unwrap_or_default(), c))
+                .collect();
+            let lookup = |n: &str| by_name.get(n).copied();
+            let mut behind = Vec::new();
+            let assignment = ctx.ledger.decide(
                 &ns,
                 &name,
                 || Caches::in_namespace(&ctx.caches.leases, &ns),
                 |active| {
-                    assign::decide_assignment(&AssignInputs {
+                    let field = queue::waiting(exporters, active, policies, &lookup, now);
+                    let q = QueueInputs {
+                        field: &field,
+                        grace: ctx.settings.preemption_grace,
+                    };
+                    let d = assign::decide(&AssignInputs {
                         lease: &lease,
                         exporters,
                         active_leases: active,
                         policies,
                         client,
                         now,
-                    })
+                        queue: Some(&q),
+                    });
+                    behind = d.behind;
+                    d.assignment
                 },
-            )
+            );
+            (assignment, behind)
         };
-        let mut decision = decide(
+        let (mut decision, behind) = decide(
             &exporter_refs,
             &policy_refs,
             client.as_ref().and_then(|c| c.0.as_ref().ok()),
         );
+        wake = behind;
         // Unsatisfiable ends the lease, so it is never decided on caches alone: an
         // Exporter, policy or Client created just before the Lease may not be in them yet.
         // The failure is decided again on fresh reads (three requests, failures only).
@@ -813,7 +840,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                     .await
                     .map_err(confirm)?
             };
-            decision = decide(
+            (decision, wake) = decide(
                 &exporters.iter().collect::<Vec<_>>(),
                 &policies.iter().collect::<Vec<_>>(),
                 client.as_ref(),
@@ -849,6 +876,13 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                 decision = pending;
             }
         }
+        if let Assignment::Queued {
+            preempt: Some(p), ..
+        } = &decision
+            && p.due
+        {
+            preempt(&ctx, &ns, &name, &p.lease, now).await?;
+        }
         assignment = Some(decision);
     }
 
@@ -877,6 +911,22 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
                 .acquisitions
                 .with_label_values(&["success"])
                 .inc();
+            ctx.metrics
+                .lease_wait
+                .with_label_values(&[&ns])
+                .observe(waited(&lease, now));
+        }
+        // Coalesced position updates (docs/exporter.md, "Lease scheduling"): a lease that
+        // leaves the queue (assigned or ended) or enters it ahead of others moves the leases
+        // behind it, at most POSITION_CAP + 1 of them; each is woken within the settle time,
+        // so a burst of changes costs each of them one pass and at most one write.
+        let was_waiting = status.exporter_ref_name().is_none() && !status.ended;
+        let left = was_waiting && (out.assigned.is_some() || out.status.ended);
+        let entered = status.queue.is_none() && out.status.queue.is_some();
+        if left || entered {
+            for other in &wake {
+                ctx.wakeups.leases.wake_within(&ns, other, POSITION_SETTLE);
+            }
         }
         let now_unsatisfiable = conditions::is_true(
             out.status.conditions.as_deref().unwrap_or_default(),
@@ -929,6 +979,49 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             .note(&ns, &name, &current_rv, &written_rv);
     }
     Ok(requeue(&ctx.wakeups.leases, &ns, &name, out.requeue_after))
+}
+
+/// How long position updates of the leases behind a queue change wait, to coalesce a burst.
+const POSITION_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Seconds from a lease's creation, or its beginTime when later, to `now`.
+fn waited(lease: &Lease, now: Timestamp) -> f64 {
+    let created = lease.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let begin = lease.spec.begin_time.as_ref().map(|t| t.0);
+    let from = created.max(begin).unwrap_or(now);
+    from.duration_until(now).as_secs_f64().max(0.0)
+}
+
+/// Ends the spot lease `victim`, preempted by `by` (docs/exporter.md, "Lease scheduling"): one
+/// status write fenced by the cached version, so a lease that changed meanwhile is decided on
+/// again. Its own pass then labels it ended, and its exporter comes free for the waiting lease.
+async fn preempt(ctx: &Ctx, ns: &str, by: &str, victim: &str, now: Timestamp) -> Result<(), Error> {
+    let Some(cached) = Caches::get(&ctx.caches.leases, ns, victim) else {
+        return Ok(()); // gone or ended: nothing to preempt
+    };
+    let Ok(held) = cached.0.as_ref() else {
+        return Ok(());
+    };
+    let rv = held.resource_version().unwrap_or_default();
+    // Ended already, or by our own write the cache does not show yet.
+    if held.status.as_ref().is_none_or(|s| s.ended) || ctx.replaced.leases.is_stale(ns, victim, &rv)
+    {
+        return Ok(());
+    }
+    let status = assign::preempted_status(held, by, now);
+    let Some(patch) = status_merge_patch(held.status.as_ref(), &status) else {
+        return Ok(());
+    };
+    let api: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
+    let written = ctx
+        .writer
+        .merge_status_fenced(&api, victim, &rv, &patch)
+        .await?;
+    let written_rv = written.resource_version().unwrap_or_default();
+    ctx.replaced.leases.note(ns, victim, &rv, &written_rv);
+    ctx.metrics.preemptions.with_label_values(&[ns]).inc();
+    info!(lease = %victim, by = %by, "spot lease preempted");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -54,6 +54,11 @@ pub struct Args {
     /// the manager's).
     #[arg(long = "exporter-login-namespace")]
     pub login_namespace: Option<String>,
+    /// How long a lease held under spot access keeps its exporter once a lease with priority
+    /// over it preempts it (Go duration; 0 ends it at once). See docs/exporter.md, "Lease
+    /// scheduling".
+    #[arg(long = "exporter-preemption-grace", default_value = "30s")]
+    pub preemption_grace: String,
 }
 
 /// Where the signing key comes from (docs/exporter.md, "The signing key").
@@ -76,6 +81,8 @@ pub struct Settings {
     /// The login service: where it listens and the namespace it advertises.
     pub login_bind_address: crate::runtime::cli::BindAddress,
     pub login_namespace: Option<String>,
+    /// How long a preempted spot lease keeps its exporter.
+    pub preemption_grace: SignedDuration,
     /// The `jumpstarter-controller` ConfigMap (defaults until [`Settings::with_config`]).
     pub config: ControllerConfig,
 }
@@ -152,7 +159,15 @@ impl Settings {
         }
         let login_bind_address = crate::runtime::cli::parse_bind_address(&args.login_bind_address)
             .map_err(|e| format!("--exporter-login-bind-address: {e}"))?;
+        let preemption_grace = match args.preemption_grace.as_str() {
+            "" => SignedDuration::from_secs(30),
+            v => dur("exporter-preemption-grace", v)?,
+        };
+        if preemption_grace < SignedDuration::ZERO {
+            return Err("--exporter-preemption-grace must not be negative".into());
+        }
         Ok(Settings {
+            preemption_grace,
             login_bind_address,
             login_namespace: args.login_namespace.clone().filter(|n| !n.is_empty()),
             grpc_bind_address,
@@ -197,6 +212,12 @@ mod tests {
         assert_eq!(s.key_source, KeySource::Generated);
         assert_eq!(s.heartbeat_interval, SignedDuration::from_secs(20));
         assert_eq!(s.router_endpoint, "localhost:8083");
+        assert_eq!(s.preemption_grace, SignedDuration::from_secs(30));
+        let zero = Settings::resolve(&parse(&["--exporter-preemption-grace=0s"]), None, None);
+        assert_eq!(zero.unwrap().preemption_grace, SignedDuration::ZERO);
+        assert!(
+            Settings::resolve(&parse(&["--exporter-preemption-grace=-1s"]), None, None).is_err()
+        );
         assert_eq!(
             s.grpc_bind_address,
             crate::runtime::cli::parse_bind_address(":8082").unwrap()

@@ -85,6 +85,26 @@ impl<K> Timers<K> {
     }
 }
 
+impl<K> Timers<K> {
+    /// Wakes `namespace/name` within `within`: keeps a timer due sooner, else sets one. Many
+    /// calls in a row cost one wake-up (they coalesce), and a wake-up is never pushed back.
+    pub fn wake_within(&self, namespace: &str, name: &str, within: Duration) {
+        let at = Instant::now() + within;
+        let key = format!("{namespace}/{name}");
+        let mut inner = self.inner.lock().expect("lock");
+        if inner
+            .due
+            .get(key.as_str())
+            .is_some_and(|(due, _)| *due <= at)
+        {
+            return;
+        }
+        inner.set(&key, Some(at));
+        drop(inner);
+        self.changed.notify_one();
+    }
+}
+
 impl<K: Resource<DynamicType = ()> + 'static> Timers<K> {
     /// The objects whose timers fall due, as they do. Never ends (the controller's shutdown
     /// stops it).
@@ -135,6 +155,27 @@ mod tests {
         assert_eq!(inner.pop_due(at).as_deref(), Ok("lab/b"));
         assert_eq!(inner.pop_due(at), Err(None));
         assert!(inner.due.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wake_within_coalesces_and_never_postpones() {
+        let timers = Timers::<Exporter>::default();
+        let due =
+            |t: &Timers<Exporter>, key: &str| t.inner.lock().unwrap().due.get(key).map(|d| d.0);
+        let start = Instant::now();
+        timers.wake_within("lab", "a", Duration::from_secs(1));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        // A second wake within the window keeps the first deadline.
+        timers.wake_within("lab", "a", Duration::from_secs(1));
+        assert_eq!(due(&timers, "lab/a"), Some(start + Duration::from_secs(1)));
+        // A later timer (a lease's end) is brought forward.
+        timers.set("lab", "b", Some(Duration::from_secs(3600)));
+        timers.wake_within("lab", "b", Duration::from_secs(1));
+        assert_eq!(
+            due(&timers, "lab/b"),
+            Some(start + Duration::from_millis(1500))
+        );
+        assert_eq!(timers.inner.lock().unwrap().queue.len(), 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -519,12 +519,6 @@ async fn lease_condition_reasons_policies_and_enabled() {
         "While there are 1 exporters matching the selector, none of them are approved by any policy for your client. Matching policies: only team a".into(),
     )
     .await;
-    ends_with(
-        "spot",
-        "SpotAccess",
-        "The only possible exporters are under spot access (i.e. spot), but spot access is still not implemented".into(),
-    )
-    .await;
     let acquired = |name: &'static str, exporter: &'static str| {
         let leases = leases.clone();
         async move {
@@ -546,6 +540,9 @@ async fn lease_condition_reasons_policies_and_enabled() {
     assert_eq!(l.status.as_ref().unwrap().priority, Some(5));
     assert_ne!(l.status.as_ref().unwrap().spot_access, Some(true));
     acquired("allow-disabled", "dis").await;
+    // OURS: spot access is granted, as spot (upstream: Unsatisfiable/SpotAccess).
+    let l = acquired("spot", "spot").await;
+    assert_eq!(l.status.as_ref().unwrap().spot_access, Some(true));
     eventually(TIMEOUT, "not-ready: Pending/NotReady", || async {
         leases
             .get("not-ready")
@@ -553,9 +550,10 @@ async fn lease_condition_reasons_policies_and_enabled() {
             .ok()
             .and_then(|l| lease_cond(&l, "Pending"))
             .is_some_and(|c| {
+                // Upstream's message, then (OURS) the place in the queue.
                 c.reason == "NotReady"
                     && c.message
-                        == "There are 1 online exporters, but none are ready (still cleaning up previous lease)"
+                        == "There are 1 online exporters, but none are ready (still cleaning up previous lease); position 1 in the queue, estimated start now"
             })
     })
     .await;
@@ -585,7 +583,7 @@ async fn lease_condition_reasons_policies_and_enabled() {
             "jumpstarter_lease_acquisitions_total",
             &[("result", "failure")]
         ),
-        4.0
+        3.0
     );
     assert_eq!(
         metric(
@@ -593,7 +591,7 @@ async fn lease_condition_reasons_policies_and_enabled() {
             "jumpstarter_lease_acquisitions_total",
             &[("result", "success")]
         ),
-        3.0
+        4.0
     );
 }
 
@@ -699,8 +697,10 @@ async fn lease_hooks_record_and_gate() {
                 cs.iter().any(|c| {
                     c.type_ == "Pending"
                         && c.reason == "NotReady"
-                        && c.message
-                            .ends_with("; afterLease hook owed for lease l1 by exporter e1")
+                        // Then (OURS) the place in the queue.
+                        && c.message.ends_with(
+                            "; afterLease hook owed for lease l1 by exporter e1; position 1 in the queue, estimated start now",
+                        )
                 })
             })
     })

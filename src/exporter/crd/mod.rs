@@ -373,9 +373,35 @@ pub struct LeaseStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::integer")]
     pub priority: Option<i64>,
+    /// Queue is where a waiting lease stands in the scheduler's queue: its position among the leases that compete for the same exporters and its estimated start. Set only while the lease waits for an exporter; the same facts are in the message of its Pending condition. An addition of ucm: upstream Jumpstarter does not write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<LeaseQueue>,
     /// SpotAccess indicates whether this lease was granted with spot (preemptible) access.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spot_access: Option<bool>,
+}
+
+/// LeaseQueue is where a waiting lease stands. Waiting leases that can use the same exporters form a queue: higher ExporterAccessPolicy priority first, then the earlier creationTimestamp, then the name. A lease whose spec.beginTime is still in the future is not in any queue.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseQueue {
+    /// EstimatedStartTime is when the lease is expected to get an exporter, from the end times of the leases that hold the exporters and the durations of the leases ahead. Unset when unknown: a lease ahead or a holding lease has no end, or more than 100 leases are ahead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_start_time: Option<Time>,
+    /// Position is the lease's place in its queue: 1 is next. Unset when more than 100 leases are ahead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::integer")]
+    pub position: Option<i64>,
+    /// PreemptAt is when the lease named by preempting is ended (after the grace period of --exporter-preemption-grace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempt_at: Option<Time>,
+    /// Preempting names the lease held under spot access that this lease preempts: it is ended at preemptAt and its exporter goes to this lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempting: Option<String>,
+    /// Priority is the lease's priority in the queue: the highest priority of the ExporterAccessPolicy rules that approve it, 0 without policies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::integer")]
+    pub priority: Option<i64>,
 }
 
 /// `ended` is required and has no default upstream.

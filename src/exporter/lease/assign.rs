@@ -9,10 +9,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::conditions::{self, Desired};
 use crate::exporter::crd::{
-    Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, Lease, LeaseStatus,
+    Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, Lease, LeaseQueue, LeaseStatus,
     LocalObjectReference,
 };
 use crate::exporter::exporter_status::{ONLINE, REGISTERED, owes_after_lease};
+use crate::exporter::lease::queue::{self, QueueKey};
 use crate::exporter::lease::selector;
 use crate::godur;
 
@@ -20,6 +21,9 @@ pub const PENDING: &str = "Pending";
 pub const READY: &str = "Ready";
 pub const UNSATISFIABLE: &str = "Unsatisfiable";
 pub const INVALID: &str = "Invalid";
+/// OURS: set on a lease a higher-priority lease preempted (docs/exporter.md, "Lease scheduling").
+pub const ENDED: &str = "Ended";
+pub const PREEMPTED: &str = "Preempted";
 
 /// Label that marks ended leases (the cheap filter for active ones).
 pub const ENDED_LABEL: &str = "jumpstarter.dev/lease-ended";
@@ -49,6 +53,49 @@ pub enum Assignment {
         priority: i64,
         spot_access: bool,
     },
+    /// OURS: waiting in the queue (a `Pending` condition), with its place in it.
+    Queued {
+        reason: &'static str,
+        message: String,
+        queue: LeaseQueue,
+        preempt: Option<Preempt>,
+    },
+}
+
+/// A lease held under spot access that a waiting lease preempts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preempt {
+    pub lease: String,
+    pub exporter: String,
+    pub at: Timestamp,
+    /// The grace period is over: end it now.
+    pub due: bool,
+}
+
+/// What the queue adds to the decision (docs/exporter.md, "Lease scheduling"). Without it the
+/// decision is upstream's, except that spot access is granted.
+pub struct QueueInputs<'a> {
+    /// The namespace's waiting leases and bookings ([`queue::waiting`]).
+    pub field: &'a queue::Field<'a>,
+    /// How long a preempted lease keeps its exporter after the preemption is decided.
+    pub grace: SignedDuration,
+}
+
+/// The decision and the waiting leases behind this one, whose shown position changes when
+/// this one enters or leaves the queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub assignment: Assignment,
+    pub behind: Vec<String>,
+}
+
+impl From<Assignment> for Decision {
+    fn from(assignment: Assignment) -> Self {
+        Decision {
+            assignment,
+            behind: Vec::new(),
+        }
+    }
 }
 
 /// Everything the decision reads, gathered by the reconciler from its caches.
@@ -64,6 +111,8 @@ pub struct AssignInputs<'a> {
     /// The lease's Client; only read when policies exist.
     pub client: Option<&'a Client>,
     pub now: Timestamp,
+    /// The queue; None decides as upstream (first ready exporter, no order among leases).
+    pub queue: Option<&'a QueueInputs<'a>>,
 }
 
 #[derive(Debug, Clone)]
@@ -136,6 +185,17 @@ fn time_range_problem(lease: &Lease) -> Option<Assignment> {
 /// The decision order of docs/exporter.md, "Lease assignment". Runs only while the lease is not
 /// ended and has no exporter.
 pub fn decide_assignment(inp: &AssignInputs<'_>) -> Assignment {
+    decide(inp).assignment
+}
+
+/// [`decide_assignment`] with the waiting leases behind this one.
+pub fn decide(inp: &AssignInputs<'_>) -> Decision {
+    let mut behind = Vec::new();
+    let assignment = decide_inner(inp, &mut behind);
+    Decision { assignment, behind }
+}
+
+fn decide_inner(inp: &AssignInputs<'_>, behind: &mut Vec<String>) -> Assignment {
     let lease = inp.lease;
     if let Some(invalid) = time_range_problem(lease) {
         return invalid;
@@ -282,62 +342,284 @@ pub fn decide_assignment(inp: &AssignInputs<'_>) -> Assignment {
     }
 
     let ordered = order(attach_existing(online, inp.active_leases));
-    if ordered[0].spot_access {
-        return Assignment::Unsatisfiable {
-            reason: "SpotAccess",
-            message: format!(
-                "The only possible exporters are under spot access (i.e. {}), but spot access is still not implemented",
-                ordered[0].name()
-            ),
-        };
-    }
+    queue_tail(inp, &approved, ordered, behind)
+}
+
+/// The end of the decision, from the ordered online approvals: take a ready exporter when the
+/// queue lets this lease, else wait with its place in the queue, preempting a spot lease when
+/// that is what it waits for (docs/exporter.md, "Lease scheduling").
+fn queue_tail(
+    inp: &AssignInputs<'_>,
+    approved: &[Approved<'_>],
+    ordered: Vec<Approved<'_>>,
+    behind: &mut Vec<String>,
+) -> Assignment {
+    let lease = inp.lease;
+    let now = inp.now;
+    // One entry per exporter: its best approval (the order puts non-spot, then higher
+    // priority, first).
+    let mut seen = std::collections::BTreeSet::new();
+    let ordered: Vec<Approved<'_>> = ordered
+        .into_iter()
+        .filter(|a| seen.insert(a.name().to_string()))
+        .collect();
+    let first = ordered[0].name().to_string();
+    let priority = approved.iter().map(|a| a.priority).max().unwrap_or(0);
+    let mine: std::collections::BTreeSet<&str> = ordered.iter().map(|a| a.name()).collect();
+    let empty = queue::Field::default();
+    let field = inp.queue.map_or(&empty, |q| q.field);
+    let standing = queue::standing(&QueueKey::of(lease, priority), &mine, &field.waiting);
 
     let available: Vec<&Approved<'_>> = ordered
         .iter()
-        .filter(|a| match a.existing_spot {
-            None => true,
-            Some(theirs_spot) => !a.spot_access && theirs_spot,
+        .filter(|a| a.existing_spot.is_none())
+        .collect();
+    let ready: Vec<&&Approved<'_>> = available.iter().filter(|a| is_ready(a.exporter)).collect();
+    if !ready.is_empty() && standing.may_take(ready.len()) {
+        *behind = standing.behind;
+        let selected = ready[0];
+        return Assignment::Assign {
+            exporter: selected.name().to_string(),
+            priority: selected.priority,
+            spot_access: selected.spot_access,
+        };
+    }
+
+    // Waiting: where it stands.
+    let holders: std::collections::HashMap<&str, &Lease> = inp
+        .active_leases
+        .iter()
+        .filter_map(|l| {
+            let s = l.status.as_ref()?;
+            (!s.ended).then_some((s.exporter_ref_name()?, *l))
         })
         .collect();
-    if available.is_empty() {
-        return Assignment::Pending {
-            reason: "NotAvailable",
-            message: format!(
-                "There are {} approved exporters, (i.e. {}) but all of them are already leased",
-                ordered.len(),
-                ordered[0].name()
-            ),
-        };
+    let free_at: Vec<(&str, Option<Timestamp>)> = ordered
+        .iter()
+        .map(|a| {
+            let at = match holders.get(a.name()) {
+                None => Some(now),
+                Some(holder) => expiration(holder, queue::duration_of(holder)).map(|t| t.max(now)),
+            };
+            (a.name(), at)
+        })
+        .collect();
+    let previous = lease.status.as_ref().and_then(|s| s.queue.as_ref());
+    let mut estimate = standing
+        .shown()
+        .then(|| {
+            queue::estimate_start(
+                &free_at.iter().map(|(_, t)| *t).collect::<Vec<_>>(),
+                &standing.ahead_durations,
+            )
+        })
+        .flatten()
+        .map(|t| conditions::truncate(t).0);
+    // An estimate that moved less than a minute, or that says "now" again, keeps its last
+    // value: no write for jitter.
+    if let (Some(new), Some(old)) = (
+        estimate,
+        previous.and_then(|q| q.estimated_start_time.as_ref()),
+    ) && (new.duration_since(old.0).abs() < SignedDuration::from_secs(60)
+        || (new <= now && old.0 <= now))
+    {
+        estimate = Some(old.0);
     }
-
-    let ready: Vec<&&Approved<'_>> = available.iter().filter(|a| is_ready(a.exporter)).collect();
-    if ready.is_empty() {
-        let mut message = format!(
-            "There are {} online exporters, but none are ready (still cleaning up previous lease)",
-            available.len()
-        );
-        message.push_str(&gate_suffix(available.iter().map(|a| a.exporter)));
-        return Assignment::Pending {
-            reason: "NotReady",
+    let mut place = if standing.shown() {
+        format!("position {} in the queue", standing.position())
+    } else {
+        format!(
+            "more than {} leases ahead in the queue",
+            queue::POSITION_CAP
+        )
+    };
+    match estimate {
+        Some(t) if t <= now => place.push_str(", estimated start now"),
+        Some(t) => place.push_str(&format!(", estimated start {t}")),
+        None if standing.shown() => place.push_str(", estimated start unknown"),
+        None => {}
+    }
+    if let (Some(d), false) = (queue::duration_of(lease), field.bookings.is_empty())
+        && let Some((window, exporter, booking)) =
+            queue::longest_free_window(&free_at, d, &field.bookings)
+    {
+        place.push_str(&format!(
+            "; the requested {} does not fit before the next booking on any matching exporter: the longest free window is {} on exporter {exporter}, before lease {} at {}",
+            queue::human(d),
+            queue::human(window),
+            booking.name,
+            booking.begin
+        ));
+    }
+    let mut status = LeaseQueue {
+        estimated_start_time: estimate.map(Time),
+        position: standing
+            .shown()
+            .then(|| i64::try_from(standing.position()).unwrap_or(i64::MAX)),
+        priority: (priority != 0).then_some(priority),
+        ..Default::default()
+    };
+    let queued =
+        |reason: &'static str, message: String, status: LeaseQueue, preempt| Assignment::Queued {
+            reason,
             message,
+            queue: status,
+            preempt,
         };
-    }
 
-    let selected = ready[0];
-    if selected.existing_spot.is_some() {
-        return Assignment::Pending {
-            reason: "NotAvailable",
-            message: format!(
-                "Exporter {} is already leased by another client under spot access, but spot access eviction still not implemented",
-                selected.name()
+    if !ready.is_empty() {
+        return queued(
+            "Queued",
+            format!(
+                "{} leases ahead are served first by the {} free exporters (i.e. {}); {place}",
+                standing.ahead,
+                ready.len(),
+                ready[0].name()
             ),
-        };
+            status,
+            None,
+        );
     }
-    Assignment::Assign {
-        exporter: selected.name().to_string(),
-        priority: selected.priority,
-        spot_access: selected.spot_access,
+    if available.is_empty() {
+        // Every exporter is leased: the head of the queue preempts a spot lease it may take.
+        if inp.queue.is_some() && standing.ahead == 0 {
+            let non_spot: Vec<queue::Held<'_>> = ordered
+                .iter()
+                .filter(|a| !a.spot_access)
+                .filter_map(|a| {
+                    Some(queue::Held {
+                        exporter: a.exporter,
+                        lease: holders.get(a.name())?,
+                    })
+                })
+                .collect();
+            let my_priority = ordered
+                .iter()
+                .filter(|a| !a.spot_access)
+                .map(|a| a.priority)
+                .max();
+            if let Some(my_priority) = my_priority
+                && let Some(victim) = queue::victim(my_priority, &non_spot)
+            {
+                let victim_name = victim.lease.metadata.name.clone().unwrap_or_default();
+                let exporter = victim.exporter.metadata.name.clone().unwrap_or_default();
+                let grace = inp.queue.map_or(SignedDuration::ZERO, |q| q.grace);
+                let at = previous
+                    .filter(|q| q.preempting.as_deref() == Some(victim_name.as_str()))
+                    .and_then(|q| q.preempt_at.as_ref())
+                    .map(|t| t.0)
+                    .unwrap_or_else(|| conditions::truncate(now + grace).0);
+                status.preempting = Some(victim_name.clone());
+                status.preempt_at = Some(Time(at));
+                return queued(
+                    "Preempting",
+                    format!(
+                        "Exporter {exporter} is leased by lease {victim_name} under spot access; that lease is preempted for this one at {at}; {place}"
+                    ),
+                    status,
+                    Some(Preempt {
+                        lease: victim_name,
+                        exporter,
+                        at,
+                        due: at <= now,
+                    }),
+                );
+            }
+        }
+        return queued(
+            "NotAvailable",
+            format!(
+                "There are {} approved exporters, (i.e. {first}) but all of them are already leased; {place}",
+                ordered.len(),
+            ),
+            status,
+            None,
+        );
     }
+    let mut message = format!(
+        "There are {} online exporters, but none are ready (still cleaning up previous lease)",
+        available.len()
+    );
+    message.push_str(&gate_suffix(available.iter().map(|a| a.exporter)));
+    message.push_str(&format!("; {place}"));
+    queued("NotReady", message, status, None)
+}
+
+/// A lease's candidates for the queue (docs/exporter.md, "Lease scheduling"): the exporters
+/// it may be given (matching, enabled unless allowed, approved; online or not) and its
+/// priority, the highest of the rules that approve it. None when it can never get one.
+pub fn candidates(
+    lease: &Lease,
+    exporters: &[&Exporter],
+    policies: &[&ExporterAccessPolicy],
+    client: Option<&Client>,
+    now: Timestamp,
+) -> Option<(i64, std::collections::BTreeSet<String>)> {
+    let sel = &lease.spec.selector;
+    let pinned = lease.spec.exporter_ref_name();
+    if selector::validate(sel).is_err() || (selector::is_empty(sel) && pinned.is_none()) {
+        return None;
+    }
+    let matching: Vec<&Exporter> = exporters
+        .iter()
+        .copied()
+        .filter(|e| match pinned {
+            Some(name) => {
+                name_of(e) == name
+                    && (selector::is_empty(sel) || selector::matches_valid(sel, labels_of(e)))
+                    && (e.spec.is_enabled() || lease.spec.allow_disabled == Some(true))
+            }
+            None => selector::matches_valid(sel, labels_of(e)) && e.spec.is_enabled(),
+        })
+        .collect();
+    let inp = AssignInputs {
+        lease,
+        exporters,
+        active_leases: &[],
+        policies,
+        client,
+        now,
+        queue: None,
+    };
+    let approval = approve(&inp, &matching).ok()?;
+    let priority = approval.approved.iter().map(|a| a.priority).max()?;
+    Some((
+        priority,
+        approval
+            .approved
+            .iter()
+            .map(|a| a.name().to_string())
+            .collect(),
+    ))
+}
+
+/// The status of a spot lease that `by` preempted: ended, with `Ended` (reason `Preempted`)
+/// naming the preempting lease, and `Ready` false.
+pub fn preempted_status(victim: &Lease, by: &str, now: Timestamp) -> LeaseStatus {
+    let stamp = conditions::truncate(now);
+    let generation = victim.metadata.generation;
+    let mut status = victim.status.clone().unwrap_or_default();
+    let mut conds = status.conditions.take().unwrap_or_default();
+    let message = format!(
+        "Preempted by lease {by}, which has priority over this lease's spot access to the exporter"
+    );
+    conditions::set(
+        &mut conds,
+        Desired::new(READY, false, PREEMPTED, message.clone()),
+        generation,
+        &stamp,
+    );
+    conditions::set(
+        &mut conds,
+        Desired::new(ENDED, true, PREEMPTED, message),
+        generation,
+        &stamp,
+    );
+    status.conditions = Some(conds);
+    status.ended = true;
+    status.end_time = Some(stamp);
+    status.queue = None;
+    status
 }
 
 /// Disabled exporters are dropped from selector matches; the input is not modified.
@@ -360,6 +642,8 @@ struct Approval<'a> {
 /// Policy approval (docs/exporter.md, "Lease assignment"): one approval per applicable rule. A
 /// missing Client, needed only when policies exist, is `Pending/ClientNotFound` (OURS: upstream
 /// retries with no condition, so the user sees nothing).
+// The error is a decision, built once per pass; boxing it buys nothing.
+#[allow(clippy::result_large_err)]
 fn approve<'a>(
     inp: &AssignInputs<'_>,
     candidates: &[&'a Exporter],
@@ -590,6 +874,8 @@ pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestam
     let mut conds = status.conditions.take().unwrap_or_default();
     let mut requeue_after = None;
     let mut assigned = None;
+    // Only a lease that waits in the queue has a place in it (set below).
+    status.queue = None;
 
     let duration = match lease_duration(lease) {
         Some(Err(message)) if !status.ended => {
@@ -635,6 +921,25 @@ pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestam
                 // OURS: no timer. What a pending lease waits for (an exporter
                 // freed, online, ready or relabelled; a policy or its client changed) brings
                 // its next pass; a timer per pending lease kept the queue busy for ever.
+            }
+            Some(Assignment::Queued {
+                reason,
+                message,
+                queue,
+                preempt,
+            }) => {
+                conditions::set(
+                    &mut conds,
+                    Desired::new(PENDING, true, reason, message),
+                    generation,
+                    &stamp,
+                );
+                status.queue = Some(queue);
+                // The preemption's grace period ends: look again then.
+                requeue_after = preempt.map(|p| {
+                    let wait: Duration = now.duration_until(p.at).try_into().unwrap_or_default();
+                    wait.max(Duration::from_secs(1))
+                });
             }
             Some(Assignment::Assign {
                 exporter,

@@ -3,4 +3,5 @@
 
 pub mod assign;
 pub mod hooks;
+pub mod queue;
 pub mod selector;
