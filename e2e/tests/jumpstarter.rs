@@ -391,6 +391,25 @@ impl Lab {
         self.jmp_as(&self.client_cfg, args).await
     }
 
+    /// `jmp create lease -l board=<BOARD> --duration 10m -o name` with `cfg`, which must succeed
+    /// (`who` names the caller in the failure); the printed lease name.
+    async fn create_lease_as(&self, cfg: &Path, who: &str) -> String {
+        let selector = format!("board={BOARD}");
+        let args = [
+            "create",
+            "lease",
+            "-l",
+            &selector,
+            "--duration",
+            "10m",
+            "-o",
+            "name",
+        ];
+        let (ok, out, err) = self.jmp_as(cfg, &args).await;
+        assert!(ok, "jmp create lease{who} failed:\n{out}\n{err}");
+        out.trim().to_string()
+    }
+
     /// [`Lab::jmp`] with another client config.
     async fn jmp_as(&self, cfg: &Path, args: &[&str]) -> (bool, String, String) {
         let mut full: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -506,23 +525,7 @@ async fn jmp_shows_queue_positions_and_a_spot_lease_is_preempted() {
     .unwrap();
     clients.create(&Default::default(), &ci).await.unwrap();
 
-    let selector = format!("board={BOARD}");
-    let create = || async {
-        let (ok, out, err) = lab
-            .jmp(&[
-                "create",
-                "lease",
-                "-l",
-                &selector,
-                "--duration",
-                "10m",
-                "-o",
-                "name",
-            ])
-            .await;
-        assert!(ok, "jmp create lease failed:\n{out}\n{err}");
-        out.trim().to_string()
-    };
+    let create = || lab.create_lease_as(&lab.client_cfg, "");
     let spot = create().await;
     let (e, _) = lab
         .wait_exporter(TIMEOUT, "leased under spot access", |e| {
@@ -659,22 +662,8 @@ async fn real_exporter_and_jmp_lease_round_trip() {
     assert_eq!(row["online"], true, "{out}");
 
     // ClientService.CreateLease by selector, then the lease is acquired.
-    let selector = format!("board={BOARD}");
-    let (ok, out, err) = lab
-        .jmp(&[
-            "create",
-            "lease",
-            "-l",
-            &selector,
-            "--duration",
-            "10m",
-            "-o",
-            "name",
-        ])
-        .await;
-    assert!(ok, "jmp create lease failed:\n{out}\n{err}");
-    let lease_name = out.trim().to_string();
-    assert!(!lease_name.is_empty(), "no lease name printed:\n{err}");
+    let lease_name = lab.create_lease_as(&lab.client_cfg, "").await;
+    assert!(!lease_name.is_empty(), "no lease name printed");
     let lease = lab.leases().get(&lease_name).await.unwrap();
     assert_eq!(lease.spec.client_ref.name, CLIENT);
     assert_eq!(
@@ -703,7 +692,7 @@ async fn real_exporter_and_jmp_lease_round_trip() {
         .unwrap_or_else(|| panic!("lease {lease_name} not listed: {out}"));
     assert_eq!(got["exporter"], EXPORTER, "{out}");
     assert_eq!(got["client"], CLIENT, "{out}");
-    assert_eq!(got["selector"], selector.as_str(), "{out}");
+    assert_eq!(got["selector"], format!("board={BOARD}"), "{out}");
 
     // A driver call through the lease: jmp Dials, both peers meet in `ucm router`.
     let (ok, out, err) = lab
@@ -1254,24 +1243,7 @@ async fn oidc_jmp_login_lease_and_refusals() {
         .await;
     assert!(ok, "jmp get exporters as alice failed:\n{out}\n{err}");
     assert!(out.contains(EXPORTER), "{out}");
-    let selector = format!("board={BOARD}");
-    let (ok, out, err) = lab
-        .jmp_as(
-            &alice_cfg,
-            &[
-                "create",
-                "lease",
-                "-l",
-                &selector,
-                "--duration",
-                "10m",
-                "-o",
-                "name",
-            ],
-        )
-        .await;
-    assert!(ok, "jmp create lease as alice failed:\n{out}\n{err}");
-    let lease_name = out.trim().to_string();
+    let lease_name = lab.create_lease_as(&alice_cfg, " as alice").await;
     assert_eq!(
         lab.leases()
             .get(&lease_name)
