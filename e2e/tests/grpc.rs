@@ -158,26 +158,18 @@ impl Lab {
             .await
             .unwrap();
         }
-        let data = |name: String, key: &'static str| {
-            let secrets = secrets.clone();
-            async move {
-                eventually(TIMEOUT, &format!("Secret {name}"), || async {
-                    secrets.get_opt(&name).await.ok().flatten().is_some()
-                })
-                .await;
-                secrets.get(&name).await.unwrap().data.unwrap()[key]
-                    .0
-                    .clone()
-            }
-        };
         let mut tokens = std::collections::BTreeMap::new();
         for name in exporters {
-            let t = data(format!("{name}-exporter"), "token").await;
+            let t = secret_data(&secrets, &format!("{name}-exporter"), "token").await;
             tokens.insert(name.to_string(), String::from_utf8(t).unwrap());
         }
         let dir = tempfile::tempdir().unwrap();
         let ca = dir.path().join("ca.crt");
-        std::fs::write(&ca, data("ucm-exporter-grpc-tls".into(), "tls.crt").await).unwrap();
+        std::fs::write(
+            &ca,
+            secret_data(&secrets, "ucm-exporter-grpc-tls", "tls.crt").await,
+        )
+        .unwrap();
         Lab {
             venv,
             env,
@@ -741,16 +733,8 @@ async fn an_exporter_that_never_reports_is_available_leased_and_dialled() {
         )
         .await
         .unwrap();
-    eventually(TIMEOUT, "Secret c1-client", || async {
-        secrets.get_opt("c1-client").await.ok().flatten().is_some()
-    })
-    .await;
-    let client_token = String::from_utf8(
-        secrets.get("c1-client").await.unwrap().data.unwrap()["token"]
-            .0
-            .clone(),
-    )
-    .unwrap();
+    let client_token =
+        String::from_utf8(secret_data(&secrets, "c1-client", "token").await).unwrap();
     leases
         .create(
             &PostParams::default(),
