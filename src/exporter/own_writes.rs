@@ -19,7 +19,7 @@ type Key = (String, String);
 
 use crate::exporter::auth::token;
 use crate::exporter::crd::{Lease, LeaseStatus};
-use crate::exporter::lease::assign::Assignment;
+use crate::exporter::lease::assign::{self, Assignment};
 use crate::runtime::controller::Guarded;
 
 /// In-flight assignments: (namespace, lease) → (exporter, spot access).
@@ -59,10 +59,12 @@ impl Ledger {
             .filter(|((ns, l), _)| ns == namespace && l != lease)
             .map(|((_, l), (exporter, spot))| assigned(l, exporter, *spot))
             .collect();
+        // A Lease this replica has not written yet (no status) waits in the queue too: leaving
+        // it out let later Leases pass earlier ones still owed their first pass.
         let mut active: Vec<&Lease> = cached
             .iter()
             .copied()
-            .filter(|l| crate::exporter::lease::assign::is_active(l))
+            .filter(|l| assign::is_active(l) || (l.status.is_none() && !assign::is_ended_label(l)))
             .collect();
         active.extend(in_flight.iter());
         let decision = decide(&active);
@@ -281,6 +283,34 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn a_lease_not_yet_written_is_in_the_decision_and_an_ended_one_is_not() {
+        let ledger = Ledger::default();
+        // Created in a burst: the manager has written none of these yet.
+        let (fresh, me) = (Lease::new("l0", Default::default()), pending("l1"));
+        let mut ended = Lease::new("l9", Default::default());
+        ended.metadata.labels = Some(
+            [(
+                assign::ENDED_LABEL.to_string(),
+                assign::ENDED_VALUE.to_string(),
+            )]
+            .into(),
+        );
+        ledger.decide("lab", "l1", cache(&[&fresh, &me, &ended]), |active| {
+            let mut names: Vec<&str> = active
+                .iter()
+                .map(|l| l.metadata.name.as_deref().unwrap())
+                .collect();
+            names.sort();
+            assert_eq!(
+                names,
+                ["l0", "l1"],
+                "l0 waits ahead of l1 before its first pass"
+            );
+            Assignment::Scheduled(Default::default())
+        });
     }
 
     #[test]

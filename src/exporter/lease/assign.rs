@@ -1019,12 +1019,16 @@ pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestam
 
 /// Whether a Lease is active for the purpose of `leaseRef` and the leased filter.
 pub fn is_active(lease: &Lease) -> bool {
-    let labelled_ended = lease
+    !is_ended_label(lease) && lease.status.as_ref().is_some_and(|s| !s.ended)
+}
+
+/// The lease carries the ended label (its status may not say so yet).
+pub fn is_ended_label(lease: &Lease) -> bool {
+    lease
         .metadata
         .labels
         .as_ref()
-        .is_some_and(|l| l.get(ENDED_LABEL).map(String::as_str) == Some(ENDED_VALUE));
-    !labelled_ended && lease.status.as_ref().is_some_and(|s| !s.ended)
+        .is_some_and(|l| l.get(ENDED_LABEL).map(String::as_str) == Some(ENDED_VALUE))
 }
 
 /// The lease an exporter holds (docs/exporter.md, "The Exporter pass", step 3): active, assigned to

@@ -103,12 +103,7 @@ pub fn is_waiting(lease: &Lease, now: Timestamp) -> bool {
 
 /// Not ended, released, assigned, invalid or unsatisfiable (waiting, or booked for later).
 fn is_open(lease: &Lease) -> bool {
-    let ended_label = lease
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.get(assign::ENDED_LABEL).map(String::as_str) == Some("true"));
-    if ended_label || lease.spec.release == Some(true) {
+    if assign::is_ended_label(lease) || lease.spec.release == Some(true) {
         return false;
     }
     match &lease.status {
