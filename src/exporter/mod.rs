@@ -8,16 +8,14 @@
 //! - `lease`: the pure assignment decision, label selectors and the lease-hooks record;
 //! - the servers: `grpc` (the controller's services), `router` (the data path and its tokens),
 //!   `login` (what `jmp login` reads), sharing `tls`; `proto`: the Jumpstarter protocol;
-//! - the reconcilers: `reconcile` (observe → decide with `exporter_status` / `client_status` /
+//! - the reconcilers: `reconcile` (observe → decide with `status` (Exporter, Client) /
 //!   `lease::assign` → apply), `own_writes` (what our writes changed that the caches may not
 //!   show yet), `settings` and `config` (flags and the upstream ConfigMap), `startup`,
 //!   `metrics`.
 
 pub mod auth;
-pub mod client_status;
 pub mod config;
 pub mod crd;
-pub mod exporter_status;
 pub mod grpc;
 pub mod lease;
 pub mod login;
@@ -28,6 +26,7 @@ pub mod reconcile;
 pub mod router;
 pub mod settings;
 pub mod startup;
+pub mod status;
 pub mod tls;
 
 use std::sync::Arc;

@@ -20,15 +20,19 @@ use crate::conditions;
 use crate::exporter::auth::token::{
     self, Claims, MintReason, SigningKey, TokenAction, TokenPolicy,
 };
-use crate::exporter::client_status;
 use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
-use crate::exporter::exporter_status::{self, EventSpec, HeldLease, mint_note};
 use crate::exporter::lease::assign::{
     self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, QueueInputs, UNSATISFIABLE,
 };
 use crate::exporter::lease::queue;
 use crate::exporter::own_writes::{Ledger, Replacements, STALE_RECHECK, Tokens};
 use crate::exporter::settings::Settings;
+use crate::exporter::status::client as client_status;
+use crate::exporter::status::credential::{
+    REASON_SECRET_CONFLICT, credential_name_too_long, secret_conflict,
+};
+use crate::exporter::status::events::{EventSpec, mint_note};
+use crate::exporter::status::exporter::{self as exporter_status, HeldLease};
 use crate::runtime::controller::Guarded;
 use crate::runtime::timers::Timers;
 use crate::runtime::writer::kube_metric_label;
@@ -431,7 +435,7 @@ async fn conflict_event<K: Resource<DynamicType = ()>>(
     if !already {
         let event = EventSpec {
             warning: true,
-            reason: exporter_status::REASON_SECRET_CONFLICT,
+            reason: REASON_SECRET_CONFLICT,
             note: problem.message.clone(),
         };
         emit(ctx, obj, &[event]).await;
@@ -533,8 +537,7 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
         exporter.metadata.annotations.as_ref(),
     );
     let secret_name = format!("{name}-exporter");
-    let mut no_credential =
-        exporter_status::credential_name_too_long("Exporter", &name, "-exporter");
+    let mut no_credential = credential_name_too_long("Exporter", &name, "-exporter");
     let claims = if no_credential.is_some() {
         None
     } else {
@@ -558,7 +561,7 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Ctx>) -> Result<Action,
                 Some(claims)
             }
             Credential::Conflict => {
-                let problem = exporter_status::secret_conflict("Exporter", &ns, &secret_name);
+                let problem = secret_conflict("Exporter", &ns, &secret_name);
                 let before = exporter
                     .status
                     .as_ref()
@@ -666,13 +669,13 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Ctx>) -> Result<Action, Error
     );
     let secret_name = format!("{name}-client");
     let policy = ctx.settings.token.without_renewal();
-    let mut problem = exporter_status::credential_name_too_long("Client", &name, "-client");
+    let mut problem = credential_name_too_long("Client", &name, "-client");
     let mut held = None;
     if problem.is_none() {
         match ensure_credential(&ctx, &ns, &secret_name, &owner, &subject, &policy, now).await? {
             Credential::Held(claims, minted) => held = Some((claims, minted)),
             Credential::Conflict => {
-                let p = exporter_status::secret_conflict("Client", &ns, &secret_name);
+                let p = secret_conflict("Client", &ns, &secret_name);
                 let before = client.status.as_ref().and_then(|s| s.conditions.as_deref());
                 conflict_event(&ctx, &*client, before, &p).await;
                 problem = Some(p);

@@ -25,11 +25,11 @@ use crate::conditions;
 use crate::exporter::auth::Authn;
 use crate::exporter::config;
 use crate::exporter::crd::{Device, Exporter, ExporterStatus, ExporterStatusValue, Lease};
-use crate::exporter::exporter_status;
 use crate::exporter::lease::hooks::{self, HOOK_ON_FAILURE_MD, HOOK_PHASE_MD};
 use crate::exporter::proto::jumpstarter::v1 as pb;
 use crate::exporter::reconcile::{Ctx, status_merge_patch};
 use crate::exporter::router::token::{self as router_token, RouterKey};
+use crate::exporter::status::exporter::{derive_conditions, is_derived, transition_events};
 
 pub const RECORDS_HOOKS_MD: &str = "jumpstarter-records-lease-hooks";
 pub const LEASE_HOOKS_BIN_MD: &str = "jumpstarter-lease-hooks-bin";
@@ -127,7 +127,7 @@ impl Controller {
             let mut st = observed.clone().unwrap_or_default();
             f(&mut st, &exp);
             let mut conds = st.conditions.take().unwrap_or_default();
-            exporter_status::derive_conditions(
+            derive_conditions(
                 &mut st,
                 &mut conds,
                 exp.metadata.generation,
@@ -181,7 +181,7 @@ impl Controller {
         new: &ExporterStatus,
         source: &str,
     ) {
-        let events = exporter_status::transition_events(
+        let events = transition_events(
             &persisted.name_any(),
             old,
             new,
@@ -443,7 +443,7 @@ impl Controller {
             // An exporter that does not report its status is never refused for it, as upstream
             // lets such exporters (an empty status) through (docs/exporter.md, "Exporters that
             // do not report a status").
-            if exp.status.as_ref().is_some_and(exporter_status::is_derived) {
+            if exp.status.as_ref().is_some_and(is_derived) {
                 return Ok(exp);
             }
             match exp.status.as_ref().and_then(|s| s.exporter_status) {

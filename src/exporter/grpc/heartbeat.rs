@@ -14,7 +14,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::exporter::crd::{ExporterStatus, ExporterStatusValue};
-use crate::exporter::exporter_status;
+use crate::exporter::status::exporter::derive_conditions;
 
 /// Jitter is one-sided (+0–10%): the mean spacing stays at or above `W`, so the budget of at
 /// most 3 writes per minute with T = 60 s holds; a symmetric ±10% would average exactly
@@ -63,7 +63,7 @@ pub fn write_kind(
     let mut next = status.clone();
     next.last_seen = Some(crate::conditions::truncate(now));
     let mut conds: Vec<Condition> = next.conditions.take().unwrap_or_default();
-    exporter_status::derive_conditions(&mut next, &mut conds, generation, threshold, now);
+    derive_conditions(&mut next, &mut conds, generation, threshold, now);
     next.conditions = Some(conds);
     next.last_seen = status.last_seen.clone();
     let mut old = status.clone();
@@ -178,7 +178,7 @@ pub fn writes_per_minute(w: SignedDuration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exporter::exporter_status::ONLINE;
+    use crate::exporter::status::exporter::ONLINE;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     const NOW: i64 = 1_800_000_000;
@@ -197,7 +197,7 @@ mod tests {
             ..Default::default()
         };
         let mut c = vec![];
-        exporter_status::derive_conditions(&mut s, &mut c, Some(1), T, ts(last_seen as f64));
+        derive_conditions(&mut s, &mut c, Some(1), T, ts(last_seen as f64));
         s.conditions = Some(c);
         s
     }
@@ -271,7 +271,7 @@ mod tests {
         // heartbeat must bring Online back, so it is a full write.
         let mut s = converged(NOW - 90, Some(ExporterStatusValue::Available));
         let mut c = s.conditions.take().unwrap();
-        exporter_status::derive_conditions(&mut s, &mut c, Some(1), T, ts(NOW as f64));
+        derive_conditions(&mut s, &mut c, Some(1), T, ts(NOW as f64));
         s.conditions = Some(c);
         assert_eq!(
             s.exporter_status,
@@ -283,7 +283,7 @@ mod tests {
         // Never seen before: Online becomes True.
         let mut never = ExporterStatus::default();
         let mut c = vec![];
-        exporter_status::derive_conditions(&mut never, &mut c, Some(1), T, ts(NOW as f64));
+        derive_conditions(&mut never, &mut c, Some(1), T, ts(NOW as f64));
         never.conditions = Some(c);
         assert!(!crate::conditions::is_true(
             never.conditions.as_deref().unwrap(),
@@ -299,7 +299,7 @@ mod tests {
     fn a_live_stream_clears_connection_lost_only() {
         let mut s = converged(NOW - 90, Some(ExporterStatusValue::Available));
         let mut c = s.conditions.take().unwrap();
-        exporter_status::derive_conditions(&mut s, &mut c, Some(1), T, ts(NOW as f64));
+        derive_conditions(&mut s, &mut c, Some(1), T, ts(NOW as f64));
         s.conditions = Some(c);
         recover_from_stale(&mut s);
         assert_eq!(

@@ -13,10 +13,10 @@ use kube::ResourceExt;
 use crate::conditions;
 use crate::exporter::config::ControllerConfig;
 use crate::exporter::crd::{Exporter, ExporterStatusValue, Lease, LeaseSpec, LocalObjectReference};
-use crate::exporter::exporter_status;
 use crate::exporter::lease::selector;
 use crate::exporter::proto::jumpstarter::client::v1 as cpb;
 use crate::exporter::proto::jumpstarter::v1 as pb;
+use crate::exporter::status::exporter::ONLINE;
 use crate::godur;
 
 /// Lease labels mirroring `spec.tags` carry this prefix (docs/exporter.md, "Lease time fields").
@@ -503,10 +503,7 @@ pub fn exporter_to_pb(e: &Exporter, cfg: &ControllerConfig) -> cpb::Exporter {
             &e.name_any(),
         ),
         labels,
-        online: conditions::is_true(
-            st.conditions.as_deref().unwrap_or_default(),
-            exporter_status::ONLINE,
-        ),
+        online: conditions::is_true(st.conditions.as_deref().unwrap_or_default(), ONLINE),
         status: status_to_pb(st.exporter_status),
         status_message: st.status_message.unwrap_or_default(),
         enabled: Some(e.spec.is_enabled()),

@@ -1,7 +1,8 @@
 //! Pure derivation of the Exporter status (docs/exporter.md: "The Exporter pass", "Online and
-//! Registered", "TokenExpiring", "Wake-ups", "Lease hooks: the record") and of its transition
-//! events ("Events"). The reconciler and every gRPC handler that writes status use
-//! [`derive_conditions`], so the pass that follows a gRPC write has nothing to change.
+//! Registered", "Wake-ups", "Lease hooks: the record") and of its transition events ("Events").
+//! The reconciler and every gRPC handler that writes status use [`derive_conditions`], so the
+//! pass that follows a gRPC write has nothing to change. `TokenExpiring` is in
+//! [`super::credential`], shared with the Client status.
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -11,24 +12,17 @@ use crate::exporter::auth::token::{Claims, TokenPolicy};
 use crate::exporter::crd::{
     Exporter, ExporterStatus, ExporterStatusValue, HookPhase, LeaseHooks, LocalObjectReference,
 };
+use crate::exporter::status::credential::{TOKEN_EXPIRING, expiry_thresholds, token_expiring};
+use crate::exporter::status::events::{EventSpec, NOTE_GRACEFUL};
+use crate::exporter::status::time::{go_time_string, next_delay};
 
 pub const ONLINE: &str = "Online";
 pub const REGISTERED: &str = "Registered";
-pub const TOKEN_EXPIRING: &str = "TokenExpiring";
 
 pub const REASON_SEEN: &str = "Seen";
 pub const REASON_OFFLINE: &str = "Offline";
 pub const REASON_REGISTER: &str = "Register";
 pub const REASON_UNREGISTER: &str = "Unregister";
-pub const REASON_EXPIRED: &str = "Expired";
-pub const REASON_WITHIN_7: &str = "ExpiresWithin7Days";
-pub const REASON_WITHIN_30: &str = "ExpiresWithin30Days";
-pub const REASON_VALID: &str = "Valid";
-/// OURS: the object's name leaves no room for its credential Secret's name.
-pub const REASON_CREDENTIAL_NAME_TOO_LONG: &str = "CredentialNameTooLong";
-pub const REASON_SECRET_CONFLICT: &str = "SecretConflict";
-
-const DAY: i64 = 86_400;
 
 /// Reconciler settings that shape the status.
 #[derive(Debug, Clone, PartialEq)]
@@ -232,74 +226,6 @@ pub fn derive_conditions(
     conditions::set(conditions, registered, generation, &stamp);
 }
 
-/// OURS: Kubernetes names are at most 253 characters, so an Exporter or Client whose credential
-/// Secret name (`<name><suffix>`) would be longer can never get a credential. Instead of failing
-/// every pass, `TokenExpiring` says so.
-pub fn credential_name_too_long(kind: &str, name: &str, suffix: &str) -> Option<Desired<'static>> {
-    let len = name.len() + suffix.len();
-    (len > 253).then(|| {
-        Desired::new(
-            TOKEN_EXPIRING,
-            true,
-            REASON_CREDENTIAL_NAME_TOO_LONG,
-            format!(
-                "No credential can be issued: its Secret name would be {len} characters, over the Kubernetes limit of 253; recreate the {kind} with a name of at most {} characters",
-                253 - suffix.len()
-            ),
-        )
-    })
-}
-
-/// The credential Secret's name is taken by a Secret this object does not control: ucm leaves
-/// it untouched (it may belong to something else) and issues no credential until it is gone.
-pub fn secret_conflict(kind: &str, namespace: &str, secret: &str) -> Desired<'static> {
-    Desired::new(
-        TOKEN_EXPIRING,
-        true,
-        REASON_SECRET_CONFLICT,
-        format!(
-            "No credential can be issued: Secret {namespace}/{secret} already exists and is not controlled by this {kind}; ucm leaves it untouched. Delete or rename that Secret, or recreate the {kind} under another name"
-        ),
-    )
-}
-
-/// `TokenExpiring` as upstream's `token_expiry.go` words it. `remaining` keeps `now`'s fraction
-/// of a second, as Go's `time.Until`: a token minted in this pass (whole-second `iat`) already
-/// reads "364 days", so the next pass does not rewrite the message.
-pub fn token_expiring(exp: Timestamp, now: Timestamp) -> Desired<'static> {
-    let remaining = now.duration_until(exp);
-    let when = rfc3339(exp);
-    let days = remaining.as_secs() / DAY;
-    let message = format!("Token expires on {when} ({days} days remaining)");
-    let remaining = remaining.as_secs() + i64::from(remaining.subsec_nanos() > 0);
-    if remaining <= 0 {
-        Desired::new(
-            TOKEN_EXPIRING,
-            true,
-            REASON_EXPIRED,
-            format!("Token expired on {when}"),
-        )
-    } else if remaining <= 7 * DAY {
-        Desired::new(TOKEN_EXPIRING, true, REASON_WITHIN_7, message)
-    } else if remaining <= 30 * DAY {
-        Desired::new(TOKEN_EXPIRING, true, REASON_WITHIN_30, message)
-    } else {
-        Desired::new(TOKEN_EXPIRING, false, REASON_VALID, message)
-    }
-}
-
-pub fn rfc3339(ts: Timestamp) -> String {
-    jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", ts).expect("a timestamp formats")
-}
-
-/// Go's `metav1.Time.String()`, used in upstream's event texts.
-pub fn go_time_string(ts: Option<Timestamp>) -> String {
-    match ts {
-        Some(ts) => jiff::fmt::strtime::format("%Y-%m-%d %H:%M:%S +0000 UTC", ts).expect("formats"),
-        None => "0001-01-01 00:00:00 +0000 UTC".into(),
-    }
-}
-
 /// Owes afterLease (docs/exporter.md, "Lease hooks: the assignment gate"): records its hooks, has a
 /// record, and afterLease is unset or Running.
 pub fn owes_after_lease(status: &ExporterStatus) -> bool {
@@ -332,70 +258,6 @@ fn next_wakeup(
         instants.extend(expiry_thresholds(claims.expires_at()));
     }
     next_delay(&instants, now, settings.max_requeue)
-}
-
-/// The instants at which `TokenExpiring` changes: `exp − 30 d`, `exp − 7 d`, `exp`.
-pub fn expiry_thresholds(exp: Timestamp) -> [Timestamp; 3] {
-    [
-        exp - SignedDuration::from_hours(30 * 24),
-        exp - SignedDuration::from_hours(7 * 24),
-        exp,
-    ]
-}
-
-/// Delay until the earliest instant after `now`, capped. None when there is none.
-pub fn next_delay(
-    instants: &[Timestamp],
-    now: Timestamp,
-    cap: SignedDuration,
-) -> Option<std::time::Duration> {
-    let earliest = instants.iter().copied().filter(|i| *i > now).min()?;
-    let delay = now.duration_until(earliest).min(cap);
-    delay.try_into().ok()
-}
-
-/// An event to emit once the write that persisted the transition succeeded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EventSpec {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub note: String,
-}
-
-/// Note openings that tell apart events sharing a reason (see [`EventSpec::action`]).
-pub const NOTE_CREATED: &str = "Credential secret created";
-pub const NOTE_RENEWED: &str = "Credential token renewed";
-pub const NOTE_REPLACED: &str = "Credential token replaced (invalid)";
-pub const NOTE_GRACEFUL: &str = "Exporter reported offline (graceful shutdown)";
-
-/// The `CredentialCreated` note (shared with the Client's events).
-pub fn mint_note(
-    kind: &str,
-    reason: crate::exporter::auth::token::MintReason,
-    secret: &str,
-) -> String {
-    let what = match reason {
-        crate::exporter::auth::token::MintReason::Created => NOTE_CREATED,
-        crate::exporter::auth::token::MintReason::Renewed => NOTE_RENEWED,
-        crate::exporter::auth::token::MintReason::Replaced(_) => NOTE_REPLACED,
-    };
-    format!("{what} for {kind}: secret={secret}")
-}
-
-impl EventSpec {
-    /// The events.k8s.io `action`. The event recorder folds repeats of one (object, reason,
-    /// action) into a series that keeps the first note, so notes that mean different things
-    /// (a renewal after a creation, a graceful shutdown after a lost connection) get their own
-    /// action and stay visible.
-    pub fn action(&self) -> &'static str {
-        match self.reason {
-            "CredentialCreated" if self.note.starts_with(NOTE_RENEWED) => "RenewCredential",
-            "CredentialCreated" if self.note.starts_with(NOTE_REPLACED) => "ReplaceCredential",
-            "CredentialCreated" => "CreateCredential",
-            "ExporterOffline" if self.note.starts_with(NOTE_GRACEFUL) => "ReportOffline",
-            _ => "Reconcile",
-        }
-    }
 }
 
 /// docs/exporter.md, "Events": events for the transitions between the persisted `old` and the
@@ -481,6 +343,8 @@ mod tests {
     use super::*;
     use crate::exporter::auth::token::{AUDIENCE, ISSUER};
     use crate::exporter::crd::{Device, ExporterSpec, HookState};
+    use crate::exporter::status::credential::{DAY, REASON_WITHIN_7};
+    use crate::exporter::status::time::rfc3339;
     use kube::api::ObjectMeta;
 
     const NOW: i64 = 1_800_000_000;
@@ -778,34 +642,6 @@ mod tests {
                 "Token expires on {} (200 days remaining)",
                 rfc3339(ts(NOW + 200 * DAY))
             )
-        );
-    }
-
-    #[test]
-    fn token_expiring_boundaries() {
-        let exp = ts(NOW);
-        let at = |days_left: i64| token_expiring(exp, ts(NOW - days_left * DAY));
-        assert_eq!(
-            (at(31).status, at(31).reason),
-            (conditions::Status::False, REASON_VALID)
-        );
-        assert_eq!(
-            (at(30).status, at(30).reason),
-            (conditions::Status::True, REASON_WITHIN_30)
-        );
-        assert_eq!(
-            at(30).message,
-            format!("Token expires on {} (30 days remaining)", rfc3339(exp))
-        );
-        assert_eq!(at(8).reason, REASON_WITHIN_30);
-        assert_eq!(at(7).reason, REASON_WITHIN_7);
-        assert_eq!(at(0).reason, REASON_EXPIRED);
-        assert_eq!(at(0).message, format!("Token expired on {}", rfc3339(exp)));
-        assert_eq!(token_expiring(exp, ts(NOW + 5)).reason, REASON_EXPIRED);
-        // Partial days are floored, as Go's int(hours/24).
-        assert_eq!(
-            token_expiring(exp, ts(NOW - 2 * DAY - 3600)).message,
-            format!("Token expires on {} (2 days remaining)", rfc3339(exp))
         );
     }
 
@@ -1112,78 +948,5 @@ mod tests {
         assert_eq!(ev[0].reason, "TokenExpiringSoon");
         assert!(ev[0].note.contains("(20 days remaining)"));
         assert!(transition_events("e1", Some(&soon), &soon, threshold, ts(NOW)).is_empty());
-    }
-
-    #[test]
-    fn notes_that_differ_in_meaning_get_their_own_action() {
-        let ev = |reason: &'static str, note: &str| EventSpec {
-            warning: false,
-            reason,
-            note: note.into(),
-        };
-        let actions: Vec<&str> = [
-            ev(
-                "CredentialCreated",
-                "Credential secret created for exporter: secret=s",
-            ),
-            ev(
-                "CredentialCreated",
-                "Credential token renewed for exporter: secret=s",
-            ),
-            ev(
-                "CredentialCreated",
-                "Credential token replaced (invalid) for client: secret=s",
-            ),
-            ev(
-                "ExporterOffline",
-                "Exporter went offline (connection lost): exporter=e",
-            ),
-            ev(
-                "ExporterOffline",
-                "Exporter reported offline (graceful shutdown): exporter=e",
-            ),
-            ev("ExporterOnline", "Exporter is online: exporter=e"),
-        ]
-        .iter()
-        .map(EventSpec::action)
-        .collect();
-        assert_eq!(
-            actions,
-            [
-                "CreateCredential",
-                "RenewCredential",
-                "ReplaceCredential",
-                "Reconcile",
-                "ReportOffline",
-                "Reconcile"
-            ]
-        );
-    }
-
-    #[test]
-    fn go_time_format() {
-        assert_eq!(go_time_string(Some(ts(0))), "1970-01-01 00:00:00 +0000 UTC");
-        assert_eq!(go_time_string(None), "0001-01-01 00:00:00 +0000 UTC");
-    }
-
-    #[test]
-    fn a_name_with_no_room_for_the_credential_secret_is_reported() {
-        assert!(credential_name_too_long("Exporter", &"e".repeat(244), "-exporter").is_none());
-        let d = credential_name_too_long("Exporter", &"e".repeat(245), "-exporter").unwrap();
-        assert_eq!(d.type_, TOKEN_EXPIRING);
-        assert_eq!(d.status, conditions::Status::True);
-        assert_eq!(d.reason, REASON_CREDENTIAL_NAME_TOO_LONG);
-        assert!(
-            d.message
-                .contains("254 characters, over the Kubernetes limit of 253"),
-            "{}",
-            d.message
-        );
-        assert!(d.message.contains("at most 244 characters"));
-        let d = credential_name_too_long("Client", &"c".repeat(250), "-client").unwrap();
-        assert!(
-            d.message
-                .contains("recreate the Client with a name of at most 246")
-        );
     }
 }
