@@ -16,8 +16,8 @@ use kube::Api;
 use serde::Serialize;
 use tracing::{error, info, warn};
 
+use crate::exporter::context::Context;
 use crate::exporter::grpc::TLS_SECRET;
-use crate::exporter::reconcile::Ctx;
 use crate::runtime::Runtime;
 
 #[derive(Serialize, Debug, Clone, PartialEq)]
@@ -53,7 +53,7 @@ struct Service {
 
 /// The response without a CA bundle (pure). One OIDC entry per issuer; the client id `jmp` uses
 /// is the issuer's first audience (the CLI's default, `jumpstarter-cli`, when it is one).
-pub fn base_config(ctx: &Ctx, namespace: String) -> AuthConfig {
+pub fn base_config(ctx: &Context, namespace: String) -> AuthConfig {
     let s = &ctx.settings;
     AuthConfig {
         grpc_endpoint: s.status.endpoint.clone(),
@@ -140,7 +140,7 @@ fn landing(c: &AuthConfig) -> String {
 }
 
 /// Serves until shutdown; a bind failure is logged and ends only this service.
-pub async fn run(rt: Runtime, ctx: Arc<Ctx>) {
+pub async fn run(rt: Runtime, ctx: Arc<Context>) {
     let Some(addr) = ctx.settings.login_bind_address.addr() else {
         info!("login service disabled (--exporter-login-bind-address=0)");
         return;

@@ -180,7 +180,7 @@ pub struct Replacements {
 pub struct Tokens {
     inner: Mutex<TokensInner>,
     /// False while a starting manager reads every credential Secret once
-    /// (`reconcile::prime_tokens`): a pass waits for that rather than GET its own Secret.
+    /// (`apply::credential::prime_tokens`): a pass waits for that rather than GET its own Secret.
     primed: tokio::sync::watch::Sender<bool>,
 }
 

@@ -11,8 +11,8 @@ use tonic::{Request, Status};
 
 use crate::exporter::auth::token;
 use crate::exporter::auth::{Authn, Identity};
+use crate::exporter::context::Context;
 use crate::exporter::crd::{Client, ClientSpec, Exporter};
-use crate::exporter::reconcile::Ctx;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -202,7 +202,7 @@ fn accepted<K: Resource<DynamicType = ()>>(
 /// A refusal is logged at info with the caller's address, as upstream logs it
 /// (`client authentication failed` / `exporter authentication failed`), never with the token.
 pub async fn authorize<T>(
-    ctx: &Ctx,
+    ctx: &Context,
     authn: &Authn,
     watched: Option<&str>,
     req: &Request<T>,
@@ -225,7 +225,7 @@ pub async fn authorize<T>(
 }
 
 async fn check<T>(
-    ctx: &Ctx,
+    ctx: &Context,
     authn: &Authn,
     watched: Option<&str>,
     req: &Request<T>,
@@ -300,7 +300,7 @@ async fn check<T>(
 /// `provisioning.enabled`: the Client the caller names, for its username. A concurrent first
 /// call may create it first; then the existing one is judged as usual.
 async fn provision(
-    ctx: &Ctx,
+    ctx: &Context,
     api: &Api<Client>,
     caller: &Caller,
     username: &str,

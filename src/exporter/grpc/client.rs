@@ -20,14 +20,15 @@ use super::auth::{self, Caller, Kind};
 use super::lease_pb::{self, TimeFields};
 use crate::exporter::auth::Authn;
 use crate::exporter::auth::token;
+use crate::exporter::context::Context;
 use crate::exporter::crd::{Client, Exporter, Lease};
 use crate::exporter::lease::assign::ENDED_LABEL;
 use crate::exporter::proto::jumpstarter::client::v1 as cpb;
-use crate::exporter::reconcile::{Ctx, status_merge_patch};
 use crate::runtime::WriteError;
+use crate::runtime::writer::status_merge_patch;
 
 pub struct ClientApi {
-    pub ctx: Arc<Ctx>,
+    pub ctx: Arc<Context>,
     pub watched: Option<String>,
     pub authn: Arc<Authn>,
 }
@@ -79,7 +80,7 @@ fn page(page_size: i32, page_token: &str) -> Result<ListParams, Status> {
 }
 
 /// Creates a Lease made by a gRPC handler (ClientService.CreateLease, ControllerService.RequestLease).
-pub async fn create_lease(ctx: &Ctx, lease: &Lease) -> Result<Lease, Status> {
+pub async fn create_lease(ctx: &Context, lease: &Lease) -> Result<Lease, Status> {
     let api: Api<Lease> =
         Api::namespaced(ctx.client.clone(), &lease.namespace().unwrap_or_default());
     let created = ctx
@@ -103,7 +104,7 @@ pub fn lease_name(lease_id: &str) -> String {
 }
 
 impl ClientApi {
-    pub fn new(ctx: Arc<Ctx>, watched: Option<String>, authn: Arc<Authn>) -> Self {
+    pub fn new(ctx: Arc<Context>, watched: Option<String>, authn: Arc<Authn>) -> Self {
         ClientApi {
             ctx,
             watched,

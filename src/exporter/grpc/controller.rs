@@ -24,12 +24,13 @@ use super::heartbeat::{self, Liveness};
 use crate::conditions;
 use crate::exporter::auth::Authn;
 use crate::exporter::config;
+use crate::exporter::context::Context;
 use crate::exporter::crd::{Device, Exporter, ExporterStatus, ExporterStatusValue, Lease};
 use crate::exporter::lease::hooks::{self, HOOK_ON_FAILURE_MD, HOOK_PHASE_MD};
 use crate::exporter::proto::jumpstarter::v1 as pb;
-use crate::exporter::reconcile::{Ctx, status_merge_patch};
 use crate::exporter::router::token::{self as router_token, RouterKey};
 use crate::exporter::status::exporter::{derive_conditions, is_derived, transition_events};
+use crate::runtime::writer::status_merge_patch;
 
 pub const RECORDS_HOOKS_MD: &str = "jumpstarter-records-lease-hooks";
 pub const LEASE_HOOKS_BIN_MD: &str = "jumpstarter-lease-hooks-bin";
@@ -41,7 +42,7 @@ const LISTEN_WAIT: Duration = Duration::from_secs(30);
 type ListenTx = mpsc::Sender<Result<pb::ListenResponse, Status>>;
 
 pub struct Controller {
-    pub ctx: Arc<Ctx>,
+    pub ctx: Arc<Context>,
     pub watched: Option<String>,
     pub router_key: RouterKey,
     pub router_endpoint: String,
@@ -71,7 +72,7 @@ fn internal(what: &str) -> Status {
 
 impl Controller {
     pub fn new(
-        ctx: Arc<Ctx>,
+        ctx: Arc<Context>,
         watched: Option<String>,
         router_key: RouterKey,
         router_endpoint: String,

@@ -20,9 +20,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{error, info};
 
 use crate::exporter::auth::Authn;
+use crate::exporter::context::Context;
 use crate::exporter::proto::jumpstarter::client::v1::client_service_server::ClientServiceServer;
 use crate::exporter::proto::jumpstarter::v1::controller_service_server::ControllerServiceServer;
-use crate::exporter::reconcile::Ctx;
 use crate::exporter::{proto, router, tls};
 use crate::runtime::Runtime;
 use client::ClientApi;
@@ -32,7 +32,7 @@ use controller::Controller;
 pub const TLS_SECRET: &str = "ucm-exporter-grpc-tls";
 
 /// Runs until shutdown: serves while leading, stops on loss, starts again on re-acquisition.
-pub async fn run(rt: Runtime, ctx: Arc<Ctx>) {
+pub async fn run(rt: Runtime, ctx: Arc<Context>) {
     let Some(addr) = ctx.settings.grpc_bind_address.addr() else {
         info!("exporter gRPC server disabled (--exporter-grpc-bind-address=0)");
         return;
@@ -67,7 +67,7 @@ pub async fn run(rt: Runtime, ctx: Arc<Ctx>) {
 }
 
 /// The configured certificate, else the stored self-signed one (created once by the leader).
-async fn certificate(rt: &Runtime, ctx: &Ctx) -> Result<tls::CertPair, String> {
+async fn certificate(rt: &Runtime, ctx: &Context) -> Result<tls::CertPair, String> {
     if let Some(c) = tls::from_env()? {
         return Ok(c);
     }
@@ -124,7 +124,7 @@ async fn certificate(rt: &Runtime, ctx: &Ctx) -> Result<tls::CertPair, String> {
 
 async fn serve(
     rt: &Runtime,
-    ctx: &Arc<Ctx>,
+    ctx: &Arc<Context>,
     authn: &Arc<Authn>,
     addr: std::net::SocketAddr,
     mut leading: tokio::sync::watch::Receiver<bool>,

@@ -1,0 +1,115 @@
+//! The Exporter pass (docs/exporter.md, "The Exporter pass"): the credential, the held lease
+//! from the Lease cache, the status decided by `crate::exporter::status::exporter`, one fenced
+//! status write when it changed, then the transition events.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use tracing::warn;
+
+use crate::conditions;
+use crate::exporter::apply::credential::{Outcome, credential_step};
+use crate::exporter::apply::{emit, gone_is_done, requeue};
+use crate::exporter::context::{Caches, Context, Error};
+use crate::exporter::crd::{Exporter, Lease};
+use crate::exporter::lease::assign;
+use crate::exporter::own_writes::STALE_RECHECK;
+use crate::exporter::status::exporter::{self as exporter_status, HeldLease};
+use crate::runtime::writer::status_merge_patch;
+
+/// The Exporter pass (docs/exporter.md, "The Exporter pass").
+pub async fn reconcile_exporter(
+    exporter: Arc<Exporter>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    gone_is_done(exporter_pass(exporter, ctx).await)
+}
+
+async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let now = Timestamp::now();
+    let ns = exporter.namespace().unwrap_or_default();
+    let name = exporter.name_any();
+    let rv = exporter.resource_version().unwrap_or_default();
+    if ctx.replaced.exporters.is_stale(&ns, &name, &rv) {
+        return Ok(Action::requeue(STALE_RECHECK));
+    }
+    // Before the first lists complete there is nothing to read.
+    if !ctx.caches.synced.wait().await {
+        return Ok(Action::await_change()); // shutting down
+    }
+    let (claims, no_credential) =
+        match credential_step(&ctx, &*exporter, &ctx.settings.token, now).await? {
+            Outcome::Unowned => return Ok(Action::await_change()),
+            Outcome::Held(claims) => (Some(claims), None),
+            Outcome::Refused(problem) => (None, Some(problem)),
+        };
+
+    // The cache is enough here: a Lease change that alters the held lease triggers a pass
+    // after the cache has it.
+    let leases: Vec<Lease> = Caches::in_namespace(&ctx.caches.leases, &ns)
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok())
+        .filter(|l| l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some(name.as_str()))
+        .cloned()
+        .collect();
+    let (held, several) = assign::held_lease(&name, &leases);
+    if several {
+        warn!(exporter = %name, "several active leases name this exporter; using the earliest");
+    }
+    let held = held.map(|l| HeldLease {
+        name: l.name_any(),
+        uid: l.uid(),
+        client_name: l.spec.client_ref.name.clone(),
+    });
+    let mut desired = exporter_status::desired_status(
+        &exporter,
+        claims.as_ref(),
+        held.as_ref(),
+        &ctx.settings.status,
+        &ctx.settings.token,
+        now,
+    );
+    if let Some(problem) = no_credential {
+        desired.status.credential = None;
+        let conds = desired.status.conditions.get_or_insert_with(Vec::new);
+        conditions::set(
+            conds,
+            problem,
+            exporter.metadata.generation,
+            &conditions::truncate(now),
+        );
+    }
+    if desired.replaced_owing_record {
+        warn!(exporter = %name, "replacing a lease-hooks record that still owes afterLease");
+    }
+    let mut events = Vec::new();
+    if let Some(patch) = status_merge_patch(exporter.status.as_ref(), &desired.status) {
+        let api: Api<Exporter> = Api::namespaced(ctx.client.clone(), &ns);
+        let written = ctx
+            .writer
+            .merge_status_fenced(&api, &name, &rv, &patch)
+            .await?;
+        let written_rv = written.resource_version().unwrap_or_default();
+        ctx.replaced.exporters.note(&ns, &name, &rv, &written_rv);
+        ctx.metrics
+            .status_writes
+            .with_label_values(&["reconcile"])
+            .inc();
+        events.extend(exporter_status::transition_events(
+            &name,
+            exporter.status.as_ref(),
+            &desired.status,
+            ctx.settings.status.offline_threshold,
+            now,
+        ));
+    }
+    emit(&ctx, &*exporter, &events).await;
+    Ok(requeue(
+        &ctx.wakeups.exporters,
+        &ns,
+        &name,
+        desired.requeue_after,
+    ))
+}

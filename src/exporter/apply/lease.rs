@@ -1,0 +1,326 @@
+//! The Lease pass (docs/exporter.md, "The Lease pass", "Lease assignment", "Lease
+//! scheduling"): the assignment decided by `crate::exporter::lease::assign` under the ledger,
+//! confirmed on fresh reads where the caches cannot be trusted, the status write, the queue
+//! position wake-ups, the spot preemption, then the metadata (ended label, ownerRef).
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use kube::api::Patch;
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use serde_json::{Map, json};
+use tracing::info;
+
+use crate::conditions;
+use crate::exporter::apply::{controller_ref, gone_is_done, has_controller_ref, requeue};
+use crate::exporter::context::{Caches, Context, Error};
+use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
+use crate::exporter::lease::assign::{
+    self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, QueueInputs, UNSATISFIABLE,
+};
+use crate::exporter::lease::queue;
+use crate::exporter::observe::readable;
+use crate::exporter::own_writes::STALE_RECHECK;
+use crate::runtime::writer::status_merge_patch;
+
+/// The Lease pass (docs/exporter.md, "The Lease pass"): decide, write status, count, then metadata.
+pub async fn reconcile_lease(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    gone_is_done(lease_pass(lease, ctx).await)
+}
+
+async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let now = Timestamp::now();
+    let ns = lease.namespace().unwrap_or_default();
+    let name = lease.name_any();
+    let rv = lease.resource_version().unwrap_or_default();
+    if ctx.replaced.leases.is_stale(&ns, &name, &rv) {
+        return Ok(Action::requeue(STALE_RECHECK));
+    }
+    // An empty cache would make every pinned exporter "not found" and end the lease.
+    if !ctx.caches.synced.wait().await {
+        return Ok(Action::await_change()); // shutting down
+    }
+    let status = lease.status.clone().unwrap_or_default();
+    let prior_unsatisfiable = conditions::is_true(
+        status.conditions.as_deref().unwrap_or_default(),
+        UNSATISFIABLE,
+    );
+
+    // The assignment reads caches only. Each is fed by a watch that also triggers
+    // this controller, so a change a pending lease waits for always brings a pass that sees it.
+    let exporters = Caches::in_namespace(&ctx.caches.exporters, &ns);
+    let mut assignment = None;
+    // The waiting leases behind this one, whose shown position changes when it enters or
+    // leaves the queue.
+    let mut wake: Vec<String> = Vec::new();
+    if !status.ended && status.exporter_ref_name().is_none() {
+        let exporter_refs = readable(&exporters);
+        let policies = Caches::in_namespace(&ctx.caches.policies, &ns);
+        let policy_refs = readable(&policies);
+        // An empty name is no Client; it is reported as not found.
+        let client = if policies.is_empty() || lease.spec.client_ref.name.is_empty() {
+            None
+        } else {
+            Caches::get(&ctx.caches.clients, &ns, &lease.spec.client_ref.name)
+        };
+        // Decides and reserves under the ledger's lock, from the inputs given. The queue
+        // (docs/exporter.md, "Lease scheduling") is built from the same snapshot: every waiting
+        // lease of the namespace, with the Clients that policies approve by.
+        let decide = |exporters: &[&Exporter],
+                      policies: &[&ExporterAccessPolicy],
+                      client: Option<&Client>| {
+            let clients = if policies.is_empty() {
+                Vec::new()
+            } else {
+                Caches::in_namespace(&ctx.caches.clients, &ns)
+            };
+            let by_name: std::collections::HashMap<&str, &Client> = readable(&clients)
+                .into_iter()
+                .map(|c| (c.metadata.name.as_deref().unwrap_or_default(), c))
+                .collect();
+            let lookup = |n: &str| by_name.get(n).copied();
+            let mut behind = Vec::new();
+            let assignment = ctx.ledger.decide(
+                &ns,
+                &name,
+                || Caches::in_namespace(&ctx.caches.leases, &ns),
+                |active| {
+                    let field = queue::waiting(exporters, active, policies, &lookup, now);
+                    let q = QueueInputs {
+                        field: &field,
+                        grace: ctx.settings.preemption_grace,
+                    };
+                    let d = assign::decide(&AssignInputs {
+                        lease: &lease,
+                        exporters,
+                        active_leases: active,
+                        policies,
+                        client,
+                        now,
+                        queue: Some(&q),
+                    });
+                    behind = d.behind;
+                    d.assignment
+                },
+            );
+            (assignment, behind)
+        };
+        let (mut decision, behind) = decide(
+            &exporter_refs,
+            &policy_refs,
+            client.as_ref().and_then(|c| c.0.as_ref().ok()),
+        );
+        wake = behind;
+        // Unsatisfiable ends the lease, so it is never decided on caches alone: an
+        // Exporter, policy or Client created just before the Lease may not be in them yet.
+        // The failure is decided again on fresh reads (three requests, failures only).
+        if matches!(decision, Assignment::Unsatisfiable { .. }) {
+            let confirm = |e| Error::ConfirmUnsatisfiable(name.clone(), e);
+            let exporters = Api::<Exporter>::namespaced(ctx.client.clone(), &ns)
+                .list(&Default::default())
+                .await
+                .map_err(confirm)?
+                .items;
+            let policies = Api::<ExporterAccessPolicy>::namespaced(ctx.client.clone(), &ns)
+                .list(&Default::default())
+                .await
+                .map_err(confirm)?
+                .items;
+            let client = if policies.is_empty() || lease.spec.client_ref.name.is_empty() {
+                None
+            } else {
+                Api::<Client>::namespaced(ctx.client.clone(), &ns)
+                    .get_opt(&lease.spec.client_ref.name)
+                    .await
+                    .map_err(confirm)?
+            };
+            (decision, wake) = decide(
+                &exporters.iter().collect::<Vec<_>>(),
+                &policies.iter().collect::<Vec<_>>(),
+                client.as_ref(),
+            );
+        }
+        // docs/exporter.md, "Lease hooks: the assignment gate": the caches are not mutually
+        // consistent, so an exporter that records lease hooks is re-checked on a fresh read: its
+        // cache may predate the record of the lease it was handed last. Others gate on the
+        // exporterStatus they report, as upstream reads it from its cache; their assignment costs
+        // no read.
+        if let Assignment::Assign { exporter, .. } = &decision
+            && exporter_refs.iter().any(|e| {
+                e.metadata.name.as_deref() == Some(exporter.as_str())
+                    && e.status.as_ref().and_then(|s| s.records_lease_hooks) == Some(true)
+            })
+        {
+            let fresh = Api::<Exporter>::namespaced(ctx.client.clone(), &ns)
+                .get_opt(exporter)
+                .await;
+            let gated = match fresh {
+                Ok(Some(fresh)) => assign::gate_on_fresh(&fresh),
+                Ok(None) => Some(Assignment::Pending {
+                    reason: "ExporterNotFound",
+                    message: format!("Exporter {exporter} was deleted"),
+                }),
+                Err(e) => {
+                    ctx.ledger.release(&ns, &name);
+                    return Err(Error::ReadExporter(exporter.clone(), e));
+                }
+            };
+            if let Some(pending) = gated {
+                ctx.ledger.release(&ns, &name);
+                decision = pending;
+            }
+        }
+        if let Assignment::Queued {
+            preempt: Some(p), ..
+        } = &decision
+            && p.due
+        {
+            preempt(&ctx, &ns, &name, &p.lease, now).await?;
+        }
+        assignment = Some(decision);
+    }
+
+    let out = assign::build_status(&lease, assignment, now);
+    // The version the metadata patch below replaces.
+    let mut current_rv = rv.clone();
+    if let Some(patch) = status_merge_patch(lease.status.as_ref(), &out.status) {
+        let api: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+        let written = match ctx
+            .writer
+            .merge_status_fenced(&api, &name, &rv, &patch)
+            .await
+        {
+            Ok(written) => written,
+            Err(e) => {
+                // Not assigned after all: the exporter is free for the next decision.
+                ctx.ledger.release(&ns, &name);
+                return Err(e.into());
+            }
+        };
+        current_rv = written.resource_version().unwrap_or_default();
+        ctx.replaced.leases.note(&ns, &name, &rv, &current_rv);
+        if let Some(exporter) = &out.assigned {
+            info!(lease = %name, exporter = %exporter, "lease acquired");
+            ctx.metrics
+                .acquisitions
+                .with_label_values(&["success"])
+                .inc();
+            ctx.metrics
+                .lease_wait
+                .with_label_values(&[&ns])
+                .observe(waited(&lease, now));
+        }
+        // Coalesced position updates (docs/exporter.md, "Lease scheduling"): a lease that
+        // leaves the queue (assigned or ended) or enters it ahead of others moves the leases
+        // behind it, at most POSITION_CAP + 1 of them; each is woken within the settle time,
+        // so a burst of changes costs each of them one pass and at most one write.
+        let was_waiting = status.exporter_ref_name().is_none() && !status.ended;
+        let left = was_waiting && (out.assigned.is_some() || out.status.ended);
+        let entered = status.queue.is_none() && out.status.queue.is_some();
+        if left || entered {
+            for other in &wake {
+                ctx.wakeups.leases.wake_within(&ns, other, POSITION_SETTLE);
+            }
+        }
+        let now_unsatisfiable = conditions::is_true(
+            out.status.conditions.as_deref().unwrap_or_default(),
+            UNSATISFIABLE,
+        );
+        if !prior_unsatisfiable && now_unsatisfiable {
+            ctx.metrics
+                .acquisitions
+                .with_label_values(&["failure"])
+                .inc();
+        }
+    }
+
+    // Metadata: the ended label and the controller ownerRef to the assigned exporter.
+    let mut labels = lease.labels().clone();
+    if out.status.ended {
+        labels.insert(ENDED_LABEL.into(), ENDED_VALUE.into());
+    }
+    let mut owners = lease.metadata.owner_references.clone().unwrap_or_default();
+    if let Some(exporter_name) = out.status.exporter_ref_name()
+        && let Some(exporter) = exporters
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok())
+            .find(|e| e.metadata.name.as_deref() == Some(exporter_name))
+        && let Some(owner) = controller_ref(exporter)
+        && !has_controller_ref(&lease.metadata, &owner)
+    {
+        owners.retain(|r| r.controller != Some(true));
+        owners.push(owner);
+    }
+    let labels_changed = &labels != lease.labels();
+    let owners_changed =
+        Some(&owners) != lease.metadata.owner_references.as_ref() && !owners.is_empty();
+    if labels_changed || owners_changed {
+        let api: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+        let mut meta = Map::new();
+        if labels_changed {
+            meta.insert("labels".into(), json!({ ENDED_LABEL: ENDED_VALUE }));
+        }
+        if owners_changed {
+            meta.insert("ownerReferences".into(), json!(owners));
+        }
+        let written = ctx
+            .writer
+            .patch(&api, &name, &Patch::Merge(json!({ "metadata": meta })))
+            .await?;
+        let written_rv = written.resource_version().unwrap_or_default();
+        ctx.replaced
+            .leases
+            .note(&ns, &name, &current_rv, &written_rv);
+    }
+    Ok(requeue(&ctx.wakeups.leases, &ns, &name, out.requeue_after))
+}
+
+/// How long position updates of the leases behind a queue change wait, to coalesce a burst.
+const POSITION_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Seconds from a lease's creation, or its beginTime when later, to `now`.
+fn waited(lease: &Lease, now: Timestamp) -> f64 {
+    let created = lease.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let begin = lease.spec.begin_time.as_ref().map(|t| t.0);
+    let from = created.max(begin).unwrap_or(now);
+    from.duration_until(now).as_secs_f64().max(0.0)
+}
+
+/// Ends the spot lease `victim`, preempted by `by` (docs/exporter.md, "Lease scheduling"): one
+/// status write fenced by the cached version, so a lease that changed meanwhile is decided on
+/// again. Its own pass then labels it ended, and its exporter comes free for the waiting lease.
+async fn preempt(
+    ctx: &Context,
+    ns: &str,
+    by: &str,
+    victim: &str,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let Some(cached) = Caches::get(&ctx.caches.leases, ns, victim) else {
+        return Ok(()); // gone or ended: nothing to preempt
+    };
+    let Ok(held) = cached.0.as_ref() else {
+        return Ok(());
+    };
+    let rv = held.resource_version().unwrap_or_default();
+    // Ended already, or by our own write the cache does not show yet.
+    if held.status.as_ref().is_none_or(|s| s.ended) || ctx.replaced.leases.is_stale(ns, victim, &rv)
+    {
+        return Ok(());
+    }
+    let status = assign::preempted_status(held, by, now);
+    let Some(patch) = status_merge_patch(held.status.as_ref(), &status) else {
+        return Ok(());
+    };
+    let api: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
+    let written = ctx
+        .writer
+        .merge_status_fenced(&api, victim, &rv, &patch)
+        .await?;
+    let written_rv = written.resource_version().unwrap_or_default();
+    ctx.replaced.leases.note(ns, victim, &rv, &written_rv);
+    ctx.metrics.preemptions.with_label_values(&[ns]).inc();
+    info!(lease = %victim, by = %by, "spot lease preempted");
+    Ok(())
+}
