@@ -14,6 +14,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::exporter::context::{Caches, Context, Wakeups};
 use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
+use crate::exporter::lease::queue;
 use crate::exporter::{apply, grpc, metrics, own_writes, settings, startup};
 use crate::runtime::controller::{Guarded, drop_managed_fields, run};
 use crate::runtime::{Runtime, Trigger};
@@ -160,6 +161,7 @@ pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String>
     // Exporter, a policy or a Client may satisfy.
     let (policy_leases, client_leases, exporter_leases) =
         (leases.clone(), leases.clone(), leases.clone());
+    let exporter_signatures = std::sync::Mutex::new(std::collections::HashMap::new());
     let lease_ctl = rt
         .controller_on::<Lease>("lease", leases.clone(), lease_primary, Trigger::AnyChange)
         .reconcile_on(wakeups.leases.clone().fired())
@@ -194,10 +196,27 @@ pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String>
                 let ns = exporter.metadata.namespace.clone().unwrap_or_default();
                 let name = exporter.metadata.name.clone().unwrap_or_default();
                 let labels = exporter.metadata.labels.clone().unwrap_or_default();
+                // Only a change every waiting Lease reads wakes them all; one of who holds it
+                // wakes the Leases near the head (docs/exporter.md, "Lease scheduling").
+                let everyone = {
+                    let sig = queue::shared_signature(&exporter);
+                    let mut seen = exporter_signatures.lock().expect("lock");
+                    let key = (ns.clone(), name.clone());
+                    if exporter.metadata.deletion_timestamp.is_some() {
+                        seen.remove(&key);
+                        true
+                    } else {
+                        seen.insert(key, sig) != Some(sig)
+                    }
+                };
                 pending_leases(&exporter_leases, &ns, |lease| {
-                    lease.spec.exporter_ref_name() == Some(name.as_str())
-                        || crate::exporter::lease::selector::matches(&lease.spec.selector, &labels)
-                            .unwrap_or(false)
+                    (everyone || queue::near_head(lease))
+                        && (lease.spec.exporter_ref_name() == Some(name.as_str())
+                            || crate::exporter::lease::selector::matches(
+                                &lease.spec.selector,
+                                &labels,
+                            )
+                            .unwrap_or(false))
                 })
             },
         );

@@ -28,6 +28,7 @@ use crate::exporter::crd::{
 };
 use crate::exporter::lease::assign::{self, INVALID, UNSATISFIABLE};
 use crate::exporter::lease::selector;
+use crate::exporter::status::exporter::{ONLINE, REGISTERED};
 
 /// Positions (and estimated starts) are exact up to this many leases ahead; a lease further
 /// back shows "more than 100 leases ahead". This bounds the status writes one change of a queue
@@ -99,6 +100,43 @@ pub struct Field<'a> {
 /// invalid or unsatisfiable, and not scheduled for later.
 pub fn is_waiting(lease: &Lease, now: Timestamp) -> bool {
     is_open(lease) && lease.spec.begin_time.as_ref().is_none_or(|b| b.0 <= now)
+}
+
+/// What every waiting Lease reads of an exporter, besides who holds it and its
+/// `exporterStatus`: its labels, spec, deletion, and whether it is registered and online. A change
+/// of these may change any waiting Lease's candidates or reason, so it wakes every waiting Lease
+/// selecting the exporter; a change of the rest (a lease taking or leaving it, the status it
+/// reports) wakes only the Leases near the head of a queue ([`near_head`]; docs/exporter.md,
+/// "Lease scheduling", Wake-ups).
+pub fn shared_signature(exporter: &Exporter) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let conds = exporter
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    exporter.metadata.labels.hash(&mut h);
+    exporter.metadata.deletion_timestamp.is_some().hash(&mut h);
+    serde_json::to_string(&exporter.spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    for c in [REGISTERED, ONLINE] {
+        conditions::is_true(conds, c).hash(&mut h);
+    }
+    h.finish()
+}
+
+/// A waiting Lease that shows its position ([`POSITION_CAP`] or fewer ahead): the only ones a
+/// change of who holds an exporter must wake. The heads among them may take it; the rest see
+/// their position or estimate move. A Lease further back is woken when a Lease ahead of it
+/// leaves the queue and it comes within the cap ([`Standing::behind`]).
+pub fn near_head(lease: &Lease) -> bool {
+    lease
+        .status
+        .as_ref()
+        .and_then(|s| s.queue.as_ref())
+        .is_some_and(|q| q.position.is_some())
 }
 
 /// Not ended, released, assigned, invalid or unsatisfiable (waiting, or booked for later).

@@ -349,3 +349,54 @@ fn longest_free_window_when_the_duration_does_not_fit() {
     assert_eq!(human(mins(90)), "1h30m");
     assert_eq!(human(SignedDuration::from_secs(20)), "20s");
 }
+
+#[test]
+fn who_holds_an_exporter_is_not_what_every_waiting_lease_reads() {
+    let base = exporter("e1");
+    let sig = shared_signature(&base);
+    let mut held = base.clone();
+    let st = held.status.get_or_insert_default();
+    st.lease_ref = Some(LocalObjectReference::new("l1"));
+    st.exporter_status = Some(ExporterStatusValue::LeaseReady);
+    assert_eq!(
+        shared_signature(&held),
+        sig,
+        "a lease taking it wakes only the heads"
+    );
+    let mut relabelled = base.clone();
+    relabelled
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("board".into(), "y".into());
+    assert_ne!(
+        shared_signature(&relabelled),
+        sig,
+        "new labels wake everyone"
+    );
+    let mut online = base.clone();
+    let conds = online
+        .status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default();
+    let desired = crate::conditions::Desired::new(ONLINE, true, "Seen", "");
+    conditions::set(conds, desired, Some(1), &conditions::truncate(ts(NOW)));
+    assert_ne!(
+        shared_signature(&online),
+        sig,
+        "coming online wakes everyone"
+    );
+}
+
+#[test]
+fn only_a_lease_showing_its_position_is_near_the_head() {
+    let mut l = lease("l1", 0, Some("1h"));
+    assert!(!near_head(&l), "not decided yet");
+    l.status = Some(LeaseStatus::default());
+    assert!(!near_head(&l), "pending without a place (e.g. offline)");
+    l.status.as_mut().unwrap().queue = Some(crate::exporter::crd::LeaseQueue::default());
+    assert!(!near_head(&l), "more than 100 ahead");
+    l.status.as_mut().unwrap().queue.as_mut().unwrap().position = Some(101);
+    assert!(near_head(&l));
+}
