@@ -555,33 +555,54 @@ pub fn candidates(
     client: Option<&Client>,
     now: Timestamp,
 ) -> Option<(i64, std::collections::BTreeSet<String>)> {
+    let matching = matching(lease, exporters)?;
+    approved_candidates(lease, &matching, policies, client, now)
+}
+
+/// The exporters `lease` selects (its pinned exporter or its selector), enabled unless it allows
+/// a disabled pinned one; None when its selector is invalid or it selects nothing at all. Leases
+/// with the same pinned exporter, selector and `allowDisabled` select the same.
+pub fn matching<'e>(lease: &Lease, exporters: &[&'e Exporter]) -> Option<Vec<&'e Exporter>> {
     let sel = &lease.spec.selector;
     let pinned = lease.spec.exporter_ref_name();
     if selector::validate(sel).is_err() || (selector::is_empty(sel) && pinned.is_none()) {
         return None;
     }
-    let matching: Vec<&Exporter> = exporters
-        .iter()
-        .copied()
-        .filter(|e| match pinned {
-            Some(name) => {
-                name_of(e) == name
-                    && (selector::is_empty(sel) || selector::matches_valid(sel, labels_of(e)))
-                    && (e.spec.is_enabled() || lease.spec.allow_disabled == Some(true))
-            }
-            None => selector::matches_valid(sel, labels_of(e)) && e.spec.is_enabled(),
-        })
-        .collect();
+    Some(
+        exporters
+            .iter()
+            .copied()
+            .filter(|e| match pinned {
+                Some(name) => {
+                    name_of(e) == name
+                        && (selector::is_empty(sel) || selector::matches_valid(sel, labels_of(e)))
+                        && (e.spec.is_enabled() || lease.spec.allow_disabled == Some(true))
+                }
+                None => selector::matches_valid(sel, labels_of(e)) && e.spec.is_enabled(),
+            })
+            .collect(),
+    )
+}
+
+/// [`candidates`] from the exporters the lease selects ([`matching`]).
+pub fn approved_candidates(
+    lease: &Lease,
+    matching: &[&Exporter],
+    policies: &[&ExporterAccessPolicy],
+    client: Option<&Client>,
+    now: Timestamp,
+) -> Option<(i64, std::collections::BTreeSet<String>)> {
+    // Approval reads the lease, its Client and the policies, not the other exporters.
     let inp = AssignInputs {
         lease,
-        exporters,
+        exporters: matching,
         active_leases: &[],
         policies,
         client,
         now,
         queue: None,
     };
-    let approval = approve(&inp, &matching).ok()?;
+    let approval = approve(&inp, matching).ok()?;
     let priority = approval.approved.iter().map(|a| a.priority).max()?;
     Some((
         priority,

@@ -13,8 +13,9 @@
 //! - **Free windows** ([`longest_free_window`]): where a requested duration does not fit before a
 //!   booking.
 //!
-//! Cost: [`waiting`] is O(Leases + Exporters × distinct lease selectors) per call: the candidates
-//! of Leases that ask the same thing (selector, pinned exporter, client, duration) are computed
+//! Cost: [`waiting`] is O(Leases + Exporters × distinct lease selectors) per call: the exporters
+//! Leases with the same selector (and pinned exporter) select are scanned for once, and the
+//! candidates of Leases that ask the same thing (that, and client and duration) are approved
 //! once. [`standing`] is O(waiting Leases × candidates).
 
 use std::collections::{BTreeSet, HashMap};
@@ -179,19 +180,25 @@ pub fn waiting<'a, 'c>(
     now: Timestamp,
 ) -> Field<'a> {
     let mut memo: HashMap<String, Option<Asked>> = HashMap::new();
+    // Leases that select the same share the scan of every exporter, whatever their Client.
+    let mut selected: HashMap<String, Option<Vec<&Exporter>>> = HashMap::new();
     let mut field = Field::default();
     for lease in leases.iter().copied() {
         if !is_open(lease) {
             continue;
         }
-        let key = ask_key(lease, !policies.is_empty());
-        let entry = memo.entry(key).or_insert_with(|| {
+        let (select, ask) = ask_key(lease, !policies.is_empty());
+        let entry = memo.entry(ask).or_insert_with(|| {
             let client = if policies.is_empty() {
                 None
             } else {
                 client(&lease.spec.client_ref.name)
             };
-            assign::candidates(lease, exporters, policies, client, now)
+            let matching = selected
+                .entry(select)
+                .or_insert_with(|| assign::matching(lease, exporters))
+                .as_deref()?;
+            assign::approved_candidates(lease, matching, policies, client, now)
                 .map(|(p, names)| (p, Arc::new(names)))
         });
         let Some((priority, candidates)) = entry.clone() else {
@@ -218,14 +225,16 @@ pub fn waiting<'a, 'c>(
 /// A lease's priority and candidates, shared by the leases that ask the same.
 type Asked = (i64, Arc<BTreeSet<String>>);
 
-/// What decides a lease's candidates: leases that ask the same share them.
-fn ask_key(lease: &Lease, policies: bool) -> String {
-    let mut key = format!(
+/// What decides the exporters a lease selects, and what decides its candidates: leases that ask
+/// the same share them.
+fn ask_key(lease: &Lease, policies: bool) -> (String, String) {
+    let select = format!(
         "{}\u{0}{}\u{0}{}",
         lease.spec.exporter_ref_name().unwrap_or_default(),
         selector::format(&lease.spec.selector),
         lease.spec.allow_disabled == Some(true),
     );
+    let mut key = select.clone();
     if policies {
         key.push('\u{0}');
         key.push_str(&lease.spec.client_ref.name);
@@ -235,7 +244,7 @@ fn ask_key(lease: &Lease, policies: bool) -> String {
             key.push_str(&format!("\u{0}{}\u{0}{}", b.0, e.0));
         }
     }
-    key
+    (select, key)
 }
 
 /// Where one lease stands in its queue.
