@@ -1,5 +1,5 @@
 //! What every vmexport pass shares: the settings, the caches it observes (`Stores`), the writer,
-//! the export CA, and the error type. Its own module so `children`, `sources` and `reconcile`
+//! the export CA, and the error type. Its own module so `apply`, `sources` and `run`
 //! all depend on it and on nothing of each other's IO.
 
 use std::collections::{BTreeMap, HashMap};
@@ -14,8 +14,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
 use prometheus::IntCounter;
 
-use super::build::{PodSettings, external_from_ingresses, ingress_ca};
 use super::certs::{self, Pem};
+use super::objects::links::{external_from_ingresses, ingress_ca};
+use super::objects::pod::PodSettings;
 use super::optional::Optional;
 use super::podcache::ClaimIndex;
 use super::types::VirtualMachineExport;

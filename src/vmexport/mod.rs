@@ -1,19 +1,23 @@
 //! The `vmexport` feature: the VirtualMachineExport reconciler and `ucm export-server`
 //! (design: docs/vmexport.md).
 
-pub mod agent;
-pub mod build;
+pub mod api;
+pub mod apply;
 pub mod certs;
-pub mod children;
 pub mod context;
+pub mod decide;
+#[cfg(test)]
+mod fixtures;
 pub mod naming;
+pub mod objects;
+pub mod observe;
 pub mod optional;
-pub mod plan;
 pub mod podcache;
 pub mod proxy;
-pub mod reconcile;
+pub mod run;
 pub mod server;
 pub mod sources;
+pub mod status;
 pub mod types;
 
 use std::time::Duration;
@@ -135,7 +139,7 @@ pub struct Settings {
 
 impl Settings {
     /// The export pod's settings, or why a present value is invalid.
-    pub fn pod_settings(&self) -> Result<build::PodSettings, String> {
+    pub fn pod_settings(&self) -> Result<objects::pod::PodSettings, String> {
         if self.cert_duration.is_zero() {
             return Err(
                 "invalid value for '--export-cert-duration': must be greater than 0".into(),
@@ -152,7 +156,7 @@ impl Settings {
                 "invalid value for '--export-tls-cipher-suites': {s:?} is not a JSON array of suite IDs"
             ));
         }
-        Ok(build::PodSettings {
+        Ok(objects::pod::PodSettings {
             image: self.image.clone(),
             pull_policy: self.pull_policy.clone(),
             cpu_request: self.cpu_request.clone(),
@@ -171,18 +175,18 @@ pub fn rbac() -> Vec<PolicyRule> {
     let read = ["get", "list", "watch"];
     vec![
         rule(
-            &[build::GROUP],
+            &[api::GROUP],
             &["virtualmachineexports"],
             &["get", "list", "watch", "delete"],
         ),
         rule(
-            &[build::GROUP],
+            &[api::GROUP],
             &["virtualmachineexports/status"],
             &["patch", "update"],
         ),
         // Children carry a controller ownerRef with blockOwnerDeletion.
         rule(
-            &[build::GROUP],
+            &[api::GROUP],
             &["virtualmachineexports/finalizers"],
             &["update"],
         ),
@@ -251,14 +255,14 @@ fn start(
             })?,
             None => String::new(),
         };
-        let cfg = reconcile::Config {
+        let cfg = context::Config {
             pod,
             ca_secret: s.ca_secret.clone(),
             manager_namespace: rt.config.manager_namespace.clone(),
             external_host: s.external_host.clone(),
             external_ca,
         };
-        reconcile::run(rt, cfg).await;
+        run::run(rt, cfg).await;
         Ok(())
     })
 }
@@ -271,7 +275,7 @@ pub static FEATURE: Feature = Feature {
     namespaced_rbac,
     settings: <Settings as Args>::augment_args,
     start,
-    agents: &[agent::AGENT, proxy::AGENT],
+    agents: &[server::args::AGENT, proxy::AGENT],
 };
 
 #[cfg(test)]
@@ -350,7 +354,7 @@ mod tests {
         );
         // Owner references and links carry the version the reconciler reads with.
         assert_eq!(
-            build::OWNER_API_VERSION,
+            api::OWNER_API_VERSION,
             <VirtualMachineExport as kube::Resource>::api_version(&())
         );
         for v in &crd.spec.versions {

@@ -227,9 +227,9 @@ pub fn unwrap_event(ev: watcher::Event<SlimPod>) -> watcher::Event<Pod> {
 fn is_export_pod(m: &ObjectMeta) -> bool {
     m.owner_references.iter().flatten().any(|o| {
         o.controller == Some(true)
-            && o.kind == super::build::KIND
+            && o.kind == super::api::KIND
             && o.api_version
-                .starts_with(&format!("{}/", super::build::GROUP))
+                .starts_with(&format!("{}/", super::api::GROUP))
     })
 }
 
@@ -405,8 +405,8 @@ mod tests {
         // The decisions are the same on the slim copy.
         for uid in ["u1", "other"] {
             assert_eq!(
-                crate::vmexport::build::pvc_in_use([&full], "d", uid).is_some(),
-                crate::vmexport::build::pvc_in_use([&slim], "d", uid).is_some()
+                crate::vmexport::sources::pvc::pvc_in_use([&full], "d", uid).is_some(),
+                crate::vmexport::sources::pvc::pvc_in_use([&slim], "d", uid).is_some()
             );
         }
         let mut none = pod("ns", "q", &[]);
@@ -418,7 +418,7 @@ mod tests {
     /// the environment the links come from), so no pass reads it with a GET.
     #[test]
     fn slim_export_pod_keeps_what_the_status_reads() {
-        use crate::vmexport::build::{PodState, pod_state};
+        use crate::vmexport::objects::status::{PodState, pod_state};
         let full = owned_pod(
             "ns",
             "virt-export-e",

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use subtle::ConstantTimeEq;
 
-use crate::vmexport::build::TOKEN_HEADER;
+use crate::vmexport::api::TOKEN_HEADER;
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum AuthResult {

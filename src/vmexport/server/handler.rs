@@ -20,7 +20,7 @@ use super::pgzip::{ParallelGzWriter, default_workers};
 use super::range::{RangeReq, parse_range};
 use super::ready::{Readiness, image_file, is_refused};
 use super::tar::write_tar;
-use crate::vmexport::build::{READINESS_PATH, TOKEN_HEADER};
+use crate::vmexport::api::{READINESS_PATH, TOKEN_HEADER};
 use crate::vmexport::naming;
 
 pub type Body = BoxBody<Bytes, io::Error>;

@@ -1,6 +1,7 @@
 //! `ucm export-server`: the HTTPS data path of a VirtualMachineExport (docs/vmexport.md, "Export
 //! server").
 
+pub mod args;
 pub mod auth;
 pub mod config;
 pub mod dir;

@@ -1,7 +1,9 @@
 use super::*;
 use crate::vmexport::context::Stores;
+use crate::vmexport::objects::pod::{ExportVolume, PodSettings};
 use crate::vmexport::optional::Optional;
 use crate::vmexport::podcache::ClaimIndex;
+use crate::vmexport::sources::kind::{classify_source, unsupported_source_message};
 use crate::vmexport::sources::{resolve_pvc, resolve_vm};
 use crate::vmexport::types::{TypedLocalObjectReference, VirtualMachineExportSpec};
 use k8s_openapi::api::core::v1::{

@@ -1,10 +1,10 @@
-//! `ucm export-server` registered as the vmexport feature's agent. Its configuration is the
-//! environment the export pod sets (docs/vmexport.md, "Export pod"); the flags only shape logging.
+//! `ucm export-server` flags and its registration as the vmexport feature's agent. Its
+//! configuration is the environment the export pod sets (docs/vmexport.md, "Export pod"); the
+//! flags only shape logging.
 
 use clap::{Args, FromArgMatches};
 use futures::future::BoxFuture;
 
-use super::server;
 use crate::runtime::{Agent, cli::LogFormat, logging};
 
 pub const NAME: &str = "export-server";
@@ -32,9 +32,9 @@ fn run(m: clap::ArgMatches) -> BoxFuture<'static, anyhow::Result<()>> {
         let args = AgentArgs::from_arg_matches(&m)?;
         logging::init(args.log_level.as_deref(), args.log_format)
             .map_err(|e| anyhow::anyhow!(e))?;
-        let cfg = server::config::from_env(std::env::vars())
+        let cfg = super::config::from_env(std::env::vars())
             .map_err(|e| anyhow::anyhow!("invalid export-server configuration: {e}"))?;
-        server::run(cfg).await
+        super::run(cfg).await
     })
 }
 

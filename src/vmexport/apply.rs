@@ -1,79 +1,276 @@
-//! Children of an export (docs/vmexport.md, "Children"): Service, token Secret, serving certificate
-//! and the manifest ConfigMap. Each is created when missing and never overwritten needlessly. The
-//! plan decides from the caches which ones are missing; a create that answers AlreadyExists (a
-//! cache behind, or an object of someone else's without our label) reads that one object to decide.
+//! Apply (docs/architecture.md, "How a pass is built", step 3; docs/vmexport.md, "Pass steps",
+//! "Children"): the plan's writes in order (a failure stops what depends on it), the export pod,
+//! the deletion at TTL expiry, and the status (status.rs) once at the end of every pass (also when
+//! a create failed, #19020).
+//!
+//! Each child (Service, token Secret, serving certificate, manifest ConfigMap) is created when
+//! missing and never overwritten needlessly. The plan decides from the caches which ones are
+//! missing; a create that answers AlreadyExists (a cache behind, or an object of someone else's
+//! without our label) reads that one object to decide.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use kube::api::ObjectMeta;
+use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use super::build::*;
+use super::api::*;
 use super::certs::{self, Pem};
-use super::context::{Context, Created, object_ref};
+use super::context::{Context, Created, Error, object_ref};
+use super::decide::{
+    CERT_ADVICE, CertStep, Failed, Observed, Plan, PlannedEvent, PodStep,
+    REASON_CONFIGMAP_CONFLICT, REASON_SECRET_CONFLICT, TOKEN_ADVICE, TokenStep, conflict,
+    failure_event,
+};
 use super::naming;
+use super::objects::manifest::{
+    EXPAND_API, ManifestInput, build_manifest_configmap, expand_request, needs_expansion,
+};
+use super::objects::owner_reference;
+use super::objects::pod::{ExportVolume, PodInput, build_pod, deadline, dedup_volumes};
+use super::objects::service::service_conflict;
+use super::objects::status::condition;
+use super::objects::token::{build_token_secret, generate_token};
+use super::podcache::slim_pod;
+use super::sources::kind::SourceKind;
 use super::sources::source_vm;
+use super::status::{links, write_status};
 use super::types::{Condition, VirtualMachineExport};
 
-pub(super) const REASON_SECRET_CONFLICT: &str = "SecretConflict";
-pub(super) const REASON_CONFIGMAP_CONFLICT: &str = "ConfigMapConflict";
-pub(super) const REASON_POD_CONFLICT: &str = "PodConflict";
-
-/// Why a child could not be made: `ObjectCreationFailed` (an API error), or a conflict: an object
-/// of the child's name exists that this export does not control. ucm never writes such an object
-/// (it may belong to someone else) and reports it until it is gone (docs/vmexport.md, "Failures").
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Failed {
-    pub reason: &'static str,
-    pub message: String,
+pub(super) async fn create_restore_pvcs(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    pvcs: &[PersistentVolumeClaim],
+) -> Result<(), String> {
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &export.namespace().unwrap_or_default());
+    for pvc in pvcs {
+        match ctx.writer.create(&api, pvc).await {
+            Ok(_) => {}
+            Err(e) if e.is_already_exists() => {}
+            Err(e) => return Err(format!("PersistentVolumeClaim {}: {e}", pvc.name_any())),
+        }
+    }
+    Ok(())
 }
 
-impl From<String> for Failed {
-    fn from(message: String) -> Failed {
-        Failed {
-            reason: REASON_OBJECT_CREATION_FAILED,
-            message,
+async fn emit(ctx: &Context, export: &VirtualMachineExport, ev: &PlannedEvent) {
+    ctx.writer
+        .event(
+            &object_ref(export),
+            ev.type_,
+            ev.reason,
+            ev.action,
+            ev.note.clone(),
+        )
+        .await;
+}
+
+/// Applies `plan`: the children in order (a failure stops what depends on it), the pod, the
+/// status, and the requeue.
+pub(super) async fn apply(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    observed: &Observed,
+    plan: &Plan,
+) -> Result<Action, Error> {
+    let ns = export.namespace().unwrap_or_default();
+    let name = export.name_any();
+    for ev in &plan.events {
+        emit(ctx, export, ev).await;
+    }
+    if plan.expired {
+        return delete_expired(ctx, export).await;
+    }
+    let mut failure: Option<Condition> = plan.failure.clone();
+    let fail = |msg: String| condition(COND_READY, false, REASON_OBJECT_CREATION_FAILED, msg);
+
+    if let Some(svc) = &plan.create_service
+        && let Err(msg) = create_service(ctx, export, svc).await
+    {
+        failure = Some(fail(msg));
+    }
+    let pod_name = naming::pod_name(&name);
+    let mut stale_pod = false;
+    if let (Some(token), None) = (&plan.token, &failure) {
+        let token_ok = match token {
+            TokenStep::Given(_) | TokenStep::Present(_) => true,
+            TokenStep::Create(n) => match create_token(ctx, export, n).await {
+                Ok(()) => true,
+                Err(f) => {
+                    failure = Some(f.condition());
+                    false
+                }
+            },
+        };
+        let mut vm_manifest = false;
+        if plan.manifest {
+            match ensure_manifest(ctx, export, observed.kind, &observed.source.volumes).await {
+                Ok(ok) => vm_manifest = ok,
+                Err(f) => failure = Some(f.condition()),
+            }
+        }
+        let token_name = match token {
+            TokenStep::Given(n) | TokenStep::Present(n) | TokenStep::Create(n) => n,
+        };
+        match plan.cert {
+            CertStep::Valid if token_ok && failure.is_none() => {
+                let ca = ctx.ca().await?;
+                match ensure_cert(ctx, export, &ca, observed.cert.as_ref()).await {
+                    Err(f) => failure = Some(f.condition()),
+                    Ok(not_after) => {
+                        let expiry = plan
+                            .status
+                            .ttl_expiration_time
+                            .as_ref()
+                            .map(|t| t.0)
+                            .unwrap_or_default();
+                        let volumes = dedup_volumes(observed.source.volumes.clone());
+                        let input = PodInput {
+                            export,
+                            volumes: &volumes,
+                            token_secret: token_name,
+                            cert_secret: &naming::cert_secret_name(&name),
+                            deadline: deadline(not_after, ctx.cfg.pod.cert_renew_before, expiry),
+                            vm_manifest,
+                        };
+                        match create_pod(ctx, export, &build_pod(&input, &ctx.cfg.pod)).await {
+                            Ok(true) => {}
+                            Ok(false) => stale_pod = true,
+                            Err(msg) => {
+                                failure = Some(condition(
+                                    COND_READY,
+                                    false,
+                                    REASON_POD_CREATION_FAILED,
+                                    msg,
+                                ))
+                            }
+                        }
+                    }
+                }
+            }
+            // A running pod keeps its certificate; only a deleted Secret is issued again, so
+            // that the next pod (and the kubelet's remount) finds one. (The plan checked that
+            // a cached one is ours.)
+            CertStep::Present if failure.is_none() && observed.cert.is_none() => {
+                let ca = ctx.ca().await?;
+                if let Err(f) = ensure_cert(ctx, export, &ca, None).await {
+                    failure = Some(f.condition());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    if let PodStep::Delete { uid, .. } = &plan.pod {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        ctx.writer
+            .delete(&pods, &pod_name, Some(uid))
+            .await
+            .map_err(|e| Error::DeletePod(pod_name.clone(), e))?;
+    }
+    if stale_pod {
+        // The pod exists but the cache does not show it yet: its watch event brings the next
+        // pass; the status waits for it.
+        return Err(Error::Reported {
+            until: plan.requeue,
+        });
+    }
+
+    if let Some(f) = &failure
+        && let Some(ev) = failure_event(export.status.as_ref(), f)
+    {
+        emit(ctx, export, &ev).await;
+    }
+    let mut status = if failure == plan.failure {
+        plan.status.clone()
+    } else {
+        plan.status_with(failure.as_ref())
+    };
+    if let (Some(p), None) = (&plan.links_pod, &failure) {
+        status.links = Some(links(ctx, export, observed.kind, p).await?);
+    }
+    if export.status.as_ref() != Some(&status) {
+        write_status(ctx, export, &status).await?;
+    }
+    match failure {
+        // The status says what failed; the runtime's backoff retries it, by the TTL at the
+        // latest.
+        Some(_) => Err(Error::Reported {
+            until: plan.requeue,
+        }),
+        None => Ok(Action::requeue(plan.requeue)),
+    }
+}
+
+/// Creates the export pod: `Ok(false)` when one exists that the cache does not show yet.
+async fn create_pod(
+    ctx: &Context,
+    export: &VirtualMachineExport,
+    pod: &Pod,
+) -> Result<bool, String> {
+    let ns = export.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    match ctx.writer.create(&api, pod).await {
+        Ok(mut p) => {
+            slim_pod(&mut p);
+            ctx.recent
+                .remember("Pod", &ns, &name, Created::Pod(Box::new(p)));
+            ctx.writer
+                .event(
+                    &object_ref(export),
+                    kube::runtime::events::EventType::Normal,
+                    "ExporterPodCreated",
+                    "Create",
+                    format!("Created exporter pod {ns}/{name}"),
+                )
+                .await;
+            Ok(true)
+        }
+        Err(e) if e.is_already_exists() => Ok(false),
+        Err(e) => {
+            let msg = format!("Pod {name}: {e}");
+            ctx.writer
+                .event(
+                    &object_ref(export),
+                    kube::runtime::events::EventType::Warning,
+                    REASON_POD_CREATION_FAILED,
+                    "Create",
+                    msg.clone(),
+                )
+                .await;
+            Err(msg)
         }
     }
 }
 
-impl Failed {
-    pub fn condition(self) -> Condition {
-        condition(COND_READY, false, self.reason, self.message)
+/// The TTL passed: delete the export (this one: fenced on its uid).
+async fn delete_expired(ctx: &Context, export: &VirtualMachineExport) -> Result<Action, Error> {
+    let ns = export.namespace().unwrap_or_default();
+    let name = export.name_any();
+    let api: Api<VirtualMachineExport> = Api::namespaced(ctx.client.clone(), &ns);
+    let deleted = ctx
+        .writer
+        .delete(&api, &name, export.uid().as_deref())
+        .await
+        .map_err(Error::DeleteExport)?;
+    if deleted {
+        ctx.ttl_deletions.inc();
+        ctx.writer
+            .event(
+                &object_ref(export),
+                kube::runtime::events::EventType::Normal,
+                "TTLExpired",
+                "Delete",
+                format!("VirtualMachineExport {ns}/{name} reached its TTL and was deleted"),
+            )
+            .await;
     }
-
-    /// The reasons of a conflict (told once).
-    pub const CONFLICTS: [&'static str; 3] = [
-        REASON_SECRET_CONFLICT,
-        REASON_CONFIGMAP_CONFLICT,
-        REASON_POD_CONFLICT,
-    ];
-}
-
-/// Whether `meta` carries this export's controller reference (its uid).
-pub(super) fn controlled_by(meta: &ObjectMeta, export: &VirtualMachineExport) -> bool {
-    crate::runtime::meta::controlled_by(meta, &export.uid().unwrap_or_default())
-}
-
-/// The conflict for an existing `kind` object this export does not control.
-pub(super) fn conflict(
-    reason: &'static str,
-    kind: &str,
-    meta: &ObjectMeta,
-    export: &VirtualMachineExport,
-    advice: &str,
-) -> Option<Failed> {
-    (!controlled_by(meta, export)).then(|| Failed {
-        reason,
-        message: format!(
-            "{kind} {}/{} already exists and is not controlled by this VirtualMachineExport; ucm leaves it untouched. {advice}",
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref().unwrap_or_default(),
-        ),
-    })
+    Ok(Action::await_change())
 }
 
 /// Creates or updates the manifest ConfigMap; `Ok(false)` when the `all` manifest cannot be
@@ -268,10 +465,6 @@ fn secret_ours(
         None => Ok(()),
     }
 }
-
-pub(super) const TOKEN_ADVICE: &str =
-    "Delete or rename it, or name a Secret of yours in spec.tokenSecretRef";
-pub(super) const CERT_ADVICE: &str = "Delete or rename it, or rename this export";
 
 /// Creates the token Secret the cache does not show; a deleted one is recreated with a new
 /// token (docs/vmexport.md, "Token").

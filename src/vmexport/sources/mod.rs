@@ -2,6 +2,10 @@
 //! VirtualMachineSnapshot source provides, whether it is available, and the conditions that say why
 //! not. It reads the caches only (`Stores`), so it sends no request and is unit-tested with filled
 //! stores.
+//! Its pure parts: `kind` (which kind of source an export names) and `pvc` (what a claim says).
+
+pub mod kind;
+pub mod pvc;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,11 +15,16 @@ use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
 
-use super::build::*;
+use super::api::*;
 use super::context::Stores;
 use super::naming;
+use super::objects::owner_reference;
+use super::objects::pod::{ExportVolume, dedup_volumes};
+use super::objects::status::condition;
 use super::optional::Kind;
 use super::types::{Condition, VirtualMachineExport};
+use kind::SourceKind;
+use pvc::*;
 
 /// What the source resolution found.
 #[derive(Clone, Debug)]

@@ -1,9 +1,10 @@
 //! The decisions of a VirtualMachineExport pass (docs/vmexport.md, "Pass steps"; the steps below
 //! are its steps), as a pure function of what the pass observed: `plan(&Observed, &Config, now) ->
-//! Plan`. `reconcile` observes (caches only), plans, and applies the plan; the plan says which
-//! children to make, what to do with the export Pod and why, the events, the status and when to
-//! look again. What only applying can tell (a create that fails) turns into the status with
-//! [`Plan::status_with`].
+//! Plan`. `run` observes (observe.rs, caches only), plans, and applies the plan (apply.rs); the
+//! plan says which children to make, what to do with the export Pod and why, the events, the
+//! status and when to look again. What only applying can tell (a create that fails) turns into
+//! the status with [`Plan::status_with`]. Also here: when a child of the export's name is not
+//! its own (a conflict, docs/vmexport.md, "Failures").
 
 use std::time::Duration;
 
@@ -13,10 +14,15 @@ use kube::ResourceExt;
 use kube::api::ObjectMeta;
 use kube::runtime::events::EventType;
 
-use super::build::*;
-use super::children::{CERT_ADVICE, Failed, REASON_POD_CONFLICT, TOKEN_ADVICE, conflict};
+use super::api::*;
 use super::context::Config;
 use super::naming;
+use super::objects::service::{build_service, service_conflict};
+use super::objects::status::{
+    PodState, condition, initial_status, phase_from_pod, pod_state, ttl_duration, ttl_expiration,
+    until_expiry,
+};
+use super::sources::kind::{SourceKind, token_secret_ref_problem};
 use super::sources::{Source, unavailable};
 use super::types::{Condition, VirtualMachineExport, VirtualMachineExportStatus};
 use crate::conditions::{remove_kubevirt, set_kubevirt_condition};
@@ -330,19 +336,16 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
                 status.token_secret_ref = Some(n.clone());
                 match &o.token {
                     None => Some(TokenStep::Create(n)),
-                    Some(meta) => match conflict(
-                        super::children::REASON_SECRET_CONFLICT,
-                        "Secret",
-                        meta,
-                        export,
-                        TOKEN_ADVICE,
-                    ) {
-                        Some(f) => {
-                            plan.failure = Some(f.condition());
-                            None
+                    Some(meta) => {
+                        match conflict(REASON_SECRET_CONFLICT, "Secret", meta, export, TOKEN_ADVICE)
+                        {
+                            Some(f) => {
+                                plan.failure = Some(f.condition());
+                                None
+                            }
+                            None => Some(TokenStep::Present(n)),
                         }
-                        None => Some(TokenStep::Present(n)),
-                    },
+                    }
                 }
             }
         };
@@ -350,15 +353,10 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
             o.kind,
             SourceKind::VirtualMachine | SourceKind::VirtualMachineSnapshot
         );
-        let cert_conflict = o.cert.as_ref().and_then(|m| {
-            conflict(
-                super::children::REASON_SECRET_CONFLICT,
-                "Secret",
-                m,
-                export,
-                CERT_ADVICE,
-            )
-        });
+        let cert_conflict = o
+            .cert
+            .as_ref()
+            .and_then(|m| conflict(REASON_SECRET_CONFLICT, "Secret", m, export, CERT_ADVICE));
         if token.is_some() && pod.is_none() && plan.failure.is_none() {
             match cert_conflict {
                 Some(f) => plan.failure = Some(f.condition()),
@@ -439,6 +437,70 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
     plan
 }
 
+// ---- Conflicts ("Failures") ----
+
+pub(super) const REASON_SECRET_CONFLICT: &str = "SecretConflict";
+pub(super) const REASON_CONFIGMAP_CONFLICT: &str = "ConfigMapConflict";
+pub(super) const REASON_POD_CONFLICT: &str = "PodConflict";
+
+/// Why a child could not be made: `ObjectCreationFailed` (an API error), or a conflict: an object
+/// of the child's name exists that this export does not control. ucm never writes such an object
+/// (it may belong to someone else) and reports it until it is gone (docs/vmexport.md, "Failures").
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Failed {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl From<String> for Failed {
+    fn from(message: String) -> Failed {
+        Failed {
+            reason: REASON_OBJECT_CREATION_FAILED,
+            message,
+        }
+    }
+}
+
+impl Failed {
+    pub fn condition(self) -> Condition {
+        condition(COND_READY, false, self.reason, self.message)
+    }
+
+    /// The reasons of a conflict (told once).
+    pub const CONFLICTS: [&'static str; 3] = [
+        REASON_SECRET_CONFLICT,
+        REASON_CONFIGMAP_CONFLICT,
+        REASON_POD_CONFLICT,
+    ];
+}
+
+/// Whether `meta` carries this export's controller reference (its uid).
+pub(super) fn controlled_by(meta: &ObjectMeta, export: &VirtualMachineExport) -> bool {
+    crate::runtime::meta::controlled_by(meta, &export.uid().unwrap_or_default())
+}
+
+/// The conflict for an existing `kind` object this export does not control.
+pub(super) fn conflict(
+    reason: &'static str,
+    kind: &str,
+    meta: &ObjectMeta,
+    export: &VirtualMachineExport,
+    advice: &str,
+) -> Option<Failed> {
+    (!controlled_by(meta, export)).then(|| Failed {
+        reason,
+        message: format!(
+            "{kind} {}/{} already exists and is not controlled by this VirtualMachineExport; ucm leaves it untouched. {advice}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        ),
+    })
+}
+
+pub(super) const TOKEN_ADVICE: &str =
+    "Delete or rename it, or name a Secret of yours in spec.tokenSecretRef";
+pub(super) const CERT_ADVICE: &str = "Delete or rename it, or rename this export";
+
 #[cfg(test)]
-#[path = "plan_tests.rs"]
+#[path = "decide_tests.rs"]
 mod tests;

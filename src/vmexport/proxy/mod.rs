@@ -28,10 +28,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
-use super::build::{PHASE_READY, TOKEN_HEADER};
-use super::server::{auth, bind_listener, config::parse_addr, tls};
-use super::types::VirtualMachineExport;
 use crate::runtime::{Agent, cli::LogFormat, logging};
+use crate::vmexport::api::{PHASE_READY, TOKEN_HEADER};
+use crate::vmexport::server::{auth, bind_listener, config::parse_addr, tls};
+use crate::vmexport::types::VirtualMachineExport;
 use rustls::pki_types::pem::PemObject;
 
 pub const NAME: &str = "export-proxy";
@@ -417,7 +417,7 @@ async fn connect(
 }
 
 /// Reads the export CA (tls.crt, tls.key) the manager keeps, waiting for the manager to create it.
-async fn read_ca(client: &kube::Client, ns: &str, name: &str) -> super::certs::Pem {
+async fn read_ca(client: &kube::Client, ns: &str, name: &str) -> crate::vmexport::certs::Pem {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     let mut logged = false;
     loop {
@@ -426,7 +426,7 @@ async fn read_ca(client: &kube::Client, ns: &str, name: &str) -> super::certs::P
                 let d = s.data.unwrap_or_default();
                 let get = |k: &str| d.get(k).map(|b| String::from_utf8_lossy(&b.0).into_owned());
                 if let (Some(cert), Some(key)) = (get("tls.crt"), get("tls.key")) {
-                    return super::certs::Pem { cert, key };
+                    return crate::vmexport::certs::Pem { cert, key };
                 }
                 tracing::warn!(secret = %name, "the export CA Secret has no tls.crt/tls.key yet");
             }
@@ -450,7 +450,7 @@ pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         let addr: SocketAddr =
             parse_addr(&args.metrics_bind_address).map_err(anyhow::Error::msg)?;
         let l = bind_listener(addr)?;
-        super::server::spawn_metrics(l, registry.clone());
+        crate::vmexport::server::spawn_metrics(l, registry.clone());
     }
     let client = crate::runtime::manager::client(args.kubeconfig.as_deref()).await?;
     let ca = read_ca(&client, &args.namespace, &args.export_ca_secret).await;
@@ -470,7 +470,7 @@ pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
     let server_cfg = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(c), Some(k)) => tls::server_config(c, k, None, None)?,
         _ => {
-            let pem = super::certs::issue_serving(
+            let pem = crate::vmexport::certs::issue_serving(
                 &ca,
                 &args.service_name,
                 &args.namespace,
@@ -512,7 +512,7 @@ pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
                 let acceptor = acceptor.clone();
                 let state = Arc::clone(&state);
                 tokio::spawn(async move {
-                    let Some(tls) = super::server::tls_accept(&acceptor, tcp, peer).await else { return };
+                    let Some(tls) = crate::vmexport::server::tls_accept(&acceptor, tcp, peer).await else { return };
                     let svc = service_fn(move |req| {
                         let state = Arc::clone(&state);
                         async move { Ok::<_, std::convert::Infallible>(handle(state, req).await) }
