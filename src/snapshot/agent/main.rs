@@ -22,14 +22,13 @@ use tracing::{info, warn};
 
 use super::barrier::{Barrier, drbd::Drbd, fake::FakeBarrier};
 use super::cmd::Runner;
-use super::decide::{self};
 use super::journal::Journal;
 use super::pools;
 use crate::runtime::{health::Health, http, logging, metrics::Metrics, shutdown};
 use crate::snapshot::types::{MiroirSnapshot, MiroirVolume};
 
 use super::args::{AgentArgs, BarrierKind};
-use super::ctx::{Ctx, Memory};
+use super::context::{Context, Memory, Settings};
 use super::heartbeat::heartbeat;
 use super::metrics::AgentMetrics;
 
@@ -117,9 +116,9 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
 
     let (snap_reader, snap_writer) = reflector::store::<Guarded<MiroirSnapshot>>();
     let (vol_reader, vol_writer) = reflector::store::<Guarded<MiroirVolume>>();
-    let ctx = Arc::new(Ctx {
+    let ctx = Arc::new(Context {
         node: node.clone(),
-        settings: decide::Settings {
+        settings: Settings {
             deadline: args.deadline,
             cut_guard: args.cut_guard,
         },
