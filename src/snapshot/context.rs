@@ -1,7 +1,7 @@
 //! What one reconcile of a MiroirSnapshot works with: the manager's [`Settings`] (its flags and
 //! the timing [`decide`](super::decide::decide) reads), the shared [`Context`] (writer, API,
-//! caches, metrics, per-volume locks) and the reconcile [`Error`] (docs/snapshot.md, "Settings
-//! and RBAC").
+//! caches, [`RoundMetrics`], per-volume locks) and the reconcile [`Error`] (docs/snapshot.md,
+//! "Settings and RBAC" and "Metrics and alert").
 //!
 //! The agent's settings stay apart, in `agent/context.rs`: the agent is another process
 //! (`ucm snapshot-agent`, a DaemonSet) with flags of its own; only the deadline D is set on
@@ -14,8 +14,8 @@ use std::time::Duration;
 use clap::Args;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, runtime::reflector::Store};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
 
-use super::status::RoundMetrics;
 use super::types::{MiroirSnapshot, MiroirVolume};
 use crate::runtime::{Guarded, ReconcileError, WriteError, Writer};
 
@@ -85,6 +85,49 @@ impl ReconcileError for Error {
             Error::Fenced => true,
             Error::Write(e) => e.is_conflict(),
             _ => false,
+        }
+    }
+}
+
+/// The manager's round metrics.
+#[derive(Clone)]
+pub struct RoundMetrics {
+    pub rounds_total: IntCounterVec,
+    /// From `suspendedAt` to the publish or void that closed the round (second precision: the
+    /// stamp has whole seconds). The per-leg held time is the agents' histogram.
+    pub round_open_seconds: HistogramVec,
+}
+
+impl RoundMetrics {
+    pub fn register(registry: &prometheus::Registry) -> Self {
+        let rounds_total = IntCounterVec::new(
+            Opts::new(
+                "ucm_snapshot_rounds_total",
+                "Snapshot rounds closed, by result",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        let round_open_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "ucm_snapshot_round_open_seconds",
+                "Time a snapshot round stayed open (suspendedAt to publish or void)",
+            )
+            .buckets(vec![
+                1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+            ]),
+            &["result"],
+        )
+        .expect("valid metric");
+        // Registration fails only if another instance registered first (tests); reuse is fine.
+        let _ = registry.register(Box::new(rounds_total.clone()));
+        let _ = registry.register(Box::new(round_open_seconds.clone()));
+        for r in ["success", "expired", "failed"] {
+            rounds_total.with_label_values(&[r]);
+        }
+        RoundMetrics {
+            rounds_total,
+            round_open_seconds,
         }
     }
 }

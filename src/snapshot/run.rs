@@ -19,10 +19,9 @@ use kube::{
 };
 
 use super::apply::act;
-use super::context::{Context, Error, Settings};
+use super::context::{Context, Error, RoundMetrics, Settings};
 use super::decide::{self, Observed, Step};
 use super::observe::{AGENT_LEASE_PREFIX, other_open_round, waits_on_agent, waits_on_round};
-use super::status::RoundMetrics;
 use super::types::{MiroirSnapshot, MiroirVolume};
 use crate::runtime::{Guarded, Runtime, Trigger, controller};
 

@@ -1,7 +1,7 @@
 //! `ucm snapshot-agent`: the per-node half of a snapshot round (docs/snapshot.md, "Agent
 //! states"). The decision table is
 //! pure (`decide`); backends and barriers sit behind traits so the round logic runs against
-//! fakes in tests. The IO around it: `args` (flags, registration), `main` (start-up, caches,
+//! fakes in tests. The IO around it: `args` (flags), `main` (registration, start-up, caches,
 //! journal adoption, shutdown), `worker` (one worker per volume: handle, pass, sweep), `actions`
 //! (fenced slot write, raise, cut, lift, teardown), `heartbeat` (the node's Lease), `metrics`,
 //! and `context` (the settings and the state they share).
@@ -27,7 +27,7 @@ mod metrics;
 pub mod pools;
 mod worker;
 
-pub use args::{AGENT, AgentArgs, BarrierKind, NAME};
+pub use args::{AgentArgs, BarrierKind, NAME};
 pub use context::{Settings, event, merge_seen};
-pub use main::main;
+pub use main::{AGENT, main};
 pub use metrics::AgentMetrics;
