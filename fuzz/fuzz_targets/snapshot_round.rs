@@ -1,4 +1,4 @@
-//! The snapshot round decision table (src/snapshot/build.rs `decide`, src/snapshot/round.rs
+//! The snapshot round decision table (src/snapshot/decide.rs `decide`, src/snapshot/round.rs
 //! patches) over any snapshot, volume, heartbeats and clock. Properties: no panic; each step is
 //! taken only in the state its table row names (published snapshots never change, a round
 //! opens only when none is open, every diskful agent is fresh and no other round holds the
@@ -17,7 +17,8 @@ use jiff::Timestamp;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 use ucm::conditions::is_valid_reason;
-use ucm::snapshot::build::{Decision, Observed, Settings, Step, VoidCause, decide, reason};
+use ucm::snapshot::context::Settings;
+use ucm::snapshot::decide::{Decision, Observed, Step, VoidCause, decide, reason};
 use ucm::snapshot::round::{
     format_stamp, open_patch, parse_stamp, publish_patch, truncate, void_patch,
 };
@@ -169,6 +170,7 @@ fuzz_target!(|inp: Input| {
         deadline: Duration::from_secs(1 + u64::from(inp.deadline % 120)),
         void_backoff: Duration::from_secs(1 + u64::from(inp.backoff % 60)),
         agent_stale_after: Duration::from_secs(1 + u64::from(inp.stale % 120)),
+        agent_namespace: None,
     };
     let now = Timestamp::from_millisecond(T0 * 1000 + i64::from(inp.now_ms % 600_000)).unwrap();
     let stamp = inp.stamp.as_ref().map(|r| match r {

@@ -1,16 +1,22 @@
 //! The `snapshot` feature: the MiroirSnapshot round coordinator (manager side) and
 //! `ucm snapshot-agent` (the per-node data path).
 //!
+//! This file is the `Feature` (CRDs, RBAC, start); the manager's files are `context`, `observe`,
+//! `decide`, `apply`, `status` and `run`, beside the shared `round` and `types`
+//! (docs/snapshot.md, "Code map").
+//!
 //! Design: docs/snapshot.md. Upstream (Miroir) is AGPL: this is a clean-room design from
 //! upstream's documented behaviour only.
 
 pub mod agent;
-pub mod build;
-pub mod reconcile;
+pub mod apply;
+pub mod context;
+pub mod decide;
+pub mod observe;
 pub mod round;
+pub mod run;
+pub mod status;
 pub mod types;
-
-use std::time::Duration;
 
 use clap::{Args, FromArgMatches};
 use k8s_openapi::{
@@ -20,30 +26,11 @@ use k8s_openapi::{
 use kube::CustomResourceExt;
 
 use crate::runtime::{Feature, Runtime, rbac::rule};
+use context::Settings;
 
 /// Every CRD this feature ships: MiroirSnapshot and the MiroirVolume subset.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![types::MiroirSnapshot::crd(), types::MiroirVolume::crd()]
-}
-
-// The manager's settings for this feature (docs/snapshot.md, "Settings and RBAC").
-#[derive(Args, Debug, Clone)]
-pub struct Settings {
-    /// D: a snapshot round is voided this long after it opened; keep equal to the agents' value.
-    #[arg(long = "snapshot-deadline", default_value = "60s", value_parser = crate::godur::parse, value_name = "DURATION")]
-    pub deadline: Duration,
-
-    /// B: after a void, the next round of that snapshot waits this long.
-    #[arg(long = "snapshot-void-backoff", default_value = "30s", value_parser = crate::godur::parse, value_name = "DURATION")]
-    pub void_backoff: Duration,
-
-    /// Namespace of the snapshot agents' heartbeat Leases. Default: the manager's namespace.
-    #[arg(long = "snapshot-agent-namespace", value_name = "NAMESPACE")]
-    pub agent_namespace: Option<String>,
-
-    /// Heartbeat age after which a node's snapshot agent counts as down (no round opens).
-    #[arg(long = "snapshot-agent-stale-after", default_value = "60s", value_parser = crate::godur::parse, value_name = "DURATION")]
-    pub agent_stale_after: Duration,
 }
 
 /// The manager's rules (docs/snapshot.md, "Settings and RBAC").
@@ -86,12 +73,7 @@ fn start(
             .agent_namespace
             .clone()
             .unwrap_or_else(|| rt.config.manager_namespace.clone());
-        let settings = build::Settings {
-            deadline: s.deadline,
-            void_backoff: s.void_backoff,
-            agent_stale_after: s.agent_stale_after,
-        };
-        reconcile::run(rt, settings, agent_namespace).await;
+        run::run(rt, s, agent_namespace).await;
         Ok(())
     })
 }

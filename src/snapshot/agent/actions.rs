@@ -17,9 +17,9 @@ use super::journal::Entry;
 use crate::snapshot::round::{self, RoundView, after};
 use crate::snapshot::types::{MiroirSnapshot, MiroirVolume, SlotState, teardown_finalizer};
 
-use super::ctx::{Ctx, Next, RoundKey, event, is_not_found, soon};
+use super::context::{Context, Next, RoundKey, event, is_not_found, soon};
 
-impl Ctx {
+impl Context {
     /// The fenced slot write (docs/snapshot.md, "Slot writes").
     pub(super) async fn write_slot(&self, s: &MiroirSnapshot, state: SlotState) -> Next {
         let (Some(uid), Some(at)) = (s.uid(), RoundView::of(s).suspended_at.map(str::to_string))
@@ -111,7 +111,7 @@ impl Ctx {
     }
 
     pub(super) async fn raise(&self, s: &MiroirSnapshot, vol: &MiroirVolume) -> Next {
-        let Some(key) = Ctx::round_key(s) else {
+        let Some(key) = Context::round_key(s) else {
             return Next::Until(None);
         };
         let (uid, at) = key.clone();
@@ -243,7 +243,7 @@ impl Ctx {
         vol: &MiroirVolume,
         replicated: bool,
     ) -> Next {
-        let Some(key) = Ctx::round_key(s) else {
+        let Some(key) = Context::round_key(s) else {
             return Next::Until(None);
         };
         let v = vol.name_any();
@@ -450,7 +450,7 @@ impl Ctx {
     /// Whether the volume is Primary on this node, asked once per round (client legs and
     /// tie-breakers only).
     pub(super) async fn local_primary(&self, s: &MiroirSnapshot, vol: &MiroirVolume) -> bool {
-        let Some(key) = Ctx::round_key(s) else {
+        let Some(key) = Context::round_key(s) else {
             return false;
         };
         if vol.diskful_nodes().contains(&self.node) || !vol.is_replicated() {

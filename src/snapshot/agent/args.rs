@@ -1,14 +1,11 @@
-//! `ucm snapshot-agent` flags (docs/snapshot.md, "Settings and RBAC") and the agent's registration
-//! with the feature.
+//! `ucm snapshot-agent` flags (docs/snapshot.md, "Settings and RBAC") and its clap command; the
+//! agent's registration with the feature is in `main.rs`, beside the `main` it runs.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, FromArgMatches, ValueEnum};
-use futures::future::BoxFuture;
-
-use crate::runtime::Agent;
 use crate::runtime::cli::{BindAddress, LogFormat, parse_bind_address, parse_go_bool};
+use clap::{Args, ValueEnum};
 
 pub const NAME: &str = "snapshot-agent";
 
@@ -114,23 +111,10 @@ pub(super) fn command() -> clap::Command {
     )
 }
 
-pub(super) fn run_agent(m: clap::ArgMatches) -> BoxFuture<'static, anyhow::Result<()>> {
-    Box::pin(async move {
-        let args = AgentArgs::from_arg_matches(&m)?;
-        super::main::main(args).await
-    })
-}
-
-/// The agent as registered with the feature.
-pub const AGENT: Agent = Agent {
-    name: NAME,
-    command,
-    run: run_agent,
-};
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::FromArgMatches;
 
     #[test]
     fn agent_flags_parse_with_defaults() {

@@ -7,26 +7,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::context::Settings;
 use crate::snapshot::round::{RoundView, after, before, parse_stamp};
 use crate::snapshot::types::{MiroirSnapshot, MiroirVolume, SlotState, teardown_finalizer};
-
-/// Agent timing (docs/snapshot.md, "Settings and RBAC").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Settings {
-    /// D: every barrier is lifted this long after `suspendedAt` or after its raise.
-    pub deadline: Duration,
-    /// G: no cut starts and no `Done` is written within G of the deadline.
-    pub cut_guard: Duration,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            deadline: Duration::from_secs(60),
-            cut_guard: Duration::from_secs(5),
-        }
-    }
-}
 
 /// What the journal records for this snapshot (matched by uid): the round this agent raised a
 /// barrier for and how long ago, on the monotonic clock.

@@ -1,5 +1,5 @@
 //! `ucm snapshot-agent` start-up and shutdown: caches, journal adoption, workers, heartbeat,
-//! admin server.
+//! admin server; and the agent's registration with the feature ([`AGENT`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::runtime::Guarded;
+use clap::FromArgMatches;
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use kube::{
     Api, Client, ResourceExt,
     runtime::{
@@ -22,16 +24,29 @@ use tracing::{info, warn};
 
 use super::barrier::{Barrier, drbd::Drbd, fake::FakeBarrier};
 use super::cmd::Runner;
-use super::decide::{self};
 use super::journal::Journal;
 use super::pools;
-use crate::runtime::{health::Health, http, logging, metrics::Metrics, shutdown};
+use crate::runtime::{Agent, health::Health, http, logging, metrics::Metrics, shutdown};
 use crate::snapshot::types::{MiroirSnapshot, MiroirVolume};
 
-use super::args::{AgentArgs, BarrierKind};
-use super::ctx::{Ctx, Memory};
+use super::args::{AgentArgs, BarrierKind, NAME, command};
+use super::context::{Context, Memory, Settings};
 use super::heartbeat::heartbeat;
 use super::metrics::AgentMetrics;
+
+pub(super) fn run_agent(m: clap::ArgMatches) -> BoxFuture<'static, anyhow::Result<()>> {
+    Box::pin(async move {
+        let args = AgentArgs::from_arg_matches(&m)?;
+        main(args).await
+    })
+}
+
+/// The agent as registered with the feature.
+pub const AGENT: Agent = Agent {
+    name: NAME,
+    command,
+    run: run_agent,
+};
 
 pub(super) async fn client(kubeconfig: Option<&str>) -> anyhow::Result<Client> {
     crate::runtime::manager::client(kubeconfig).await
@@ -117,9 +132,9 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
 
     let (snap_reader, snap_writer) = reflector::store::<Guarded<MiroirSnapshot>>();
     let (vol_reader, vol_writer) = reflector::store::<Guarded<MiroirVolume>>();
-    let ctx = Arc::new(Ctx {
+    let ctx = Arc::new(Context {
         node: node.clone(),
-        settings: decide::Settings {
+        settings: Settings {
             deadline: args.deadline,
             cut_guard: args.cut_guard,
         },

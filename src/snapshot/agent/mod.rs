@@ -1,10 +1,10 @@
 //! `ucm snapshot-agent`: the per-node half of a snapshot round (docs/snapshot.md, "Agent
 //! states"). The decision table is
 //! pure (`decide`); backends and barriers sit behind traits so the round logic runs against
-//! fakes in tests. The IO around it: `args` (flags, registration), `main` (start-up, caches,
+//! fakes in tests. The IO around it: `args` (flags), `main` (registration, start-up, caches,
 //! journal adoption, shutdown), `worker` (one worker per volume: handle, pass, sweep), `actions`
 //! (fenced slot write, raise, cut, lift, teardown), `heartbeat` (the node's Lease), `metrics`,
-//! and `ctx` (the state they share).
+//! and `context` (the settings and the state they share).
 //!
 //! Why not a kube-runtime `Controller`: a Controller queues and serialises work per object and
 //! runs it on watch events, while the agent must serialise per DRBD resource (every snapshot of
@@ -18,7 +18,7 @@ pub mod args;
 pub mod backend;
 pub mod barrier;
 pub mod cmd;
-mod ctx;
+mod context;
 pub mod decide;
 mod heartbeat;
 pub mod journal;
@@ -27,7 +27,7 @@ mod metrics;
 pub mod pools;
 mod worker;
 
-pub use args::{AGENT, AgentArgs, BarrierKind, NAME};
-pub use ctx::{event, merge_seen};
-pub use main::main;
+pub use args::{AgentArgs, BarrierKind, NAME};
+pub use context::{Settings, event, merge_seen};
+pub use main::{AGENT, main};
 pub use metrics::AgentMetrics;

@@ -1,4 +1,4 @@
-//! Deciding and acting per volume: [`Ctx::handle`] runs one snapshot until it has to wait,
+//! Deciding and acting per volume: [`Context::handle`] runs one snapshot until it has to wait,
 //! a pass runs every snapshot of a volume, one worker per volume serialises them (one action per
 //! DRBD resource at a time), and the sweep catches what no event announced.
 
@@ -16,15 +16,15 @@ use super::journal::Entry;
 use crate::snapshot::round::{RoundView, after, elapsed, parse_stamp};
 use crate::snapshot::types::{MiroirSnapshot, SlotState};
 
-use super::ctx::{Ctx, Next, RoundKey, event, merge_seen};
+use super::context::{Context, Next, RoundKey, event, merge_seen};
 
-impl Ctx {
+impl Context {
     /// Decides and acts for one snapshot until it has to wait; returns the next timer.
     pub(super) async fn handle(&self, mut s: MiroirSnapshot) -> Option<Timestamp> {
         let volume_name = s.spec.volume_name.clone();
         for _ in 0..8 {
             let vol = self.volume(&volume_name);
-            let key = Ctx::round_key(&s);
+            let key = Context::round_key(&s);
             if let Some(k) = &key {
                 merge_seen(
                     &mut s,
@@ -323,9 +323,34 @@ impl Ctx {
         }
         self.update_gauge().await;
     }
+
+    pub(super) fn notify(self: &Arc<Self>, volume: &str) {
+        let n = {
+            let mut w = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = w.get(volume) {
+                n.notify_one();
+                return;
+            }
+            let n = Arc::new(Notify::new());
+            w.insert(volume.to_string(), n.clone());
+            n
+        };
+        tokio::spawn(volume_worker(self.clone(), volume.to_string(), n));
+    }
+
+    pub(super) fn notify_all(self: &Arc<Self>) {
+        for n in self
+            .workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            n.notify_one();
+        }
+    }
 }
 
-pub(super) async fn volume_worker(ctx: Arc<Ctx>, volume: String, notify: Arc<Notify>) {
+pub(super) async fn volume_worker(ctx: Arc<Context>, volume: String, notify: Arc<Notify>) {
     // Never act on a partial cache: a journal entry whose snapshot is merely not listed yet
     // must not look like a deleted snapshot. Held barriers still lift at the deadline.
     let mut synced = ctx.synced.subscribe();

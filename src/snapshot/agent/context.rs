@@ -1,5 +1,9 @@
-//! The agent's shared state ([`Ctx`]): caches, journal, in-memory round memory, and the small
-//! lookups every action and the worker use.
+//! The agent's settings and shared state ([`Context`]): caches, journal, in-memory round memory,
+//! and the small lookups every action and the worker use.
+//!
+//! The agent's [`Settings`] are not the manager's (`snapshot/context.rs`): the agent is another
+//! process (`ucm snapshot-agent`, a DaemonSet) with flags of its own (docs/snapshot.md,
+//! "Settings and RBAC"); only the deadline D is set on both sides, to the same value.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicBool;
@@ -20,13 +24,29 @@ use tracing::debug;
 
 use super::backend::Backend;
 use super::barrier::Barrier;
-use super::decide::{self};
 use super::journal::{Entry, Journal};
 use crate::snapshot::round::{RoundView, after, elapsed, parse_stamp};
 use crate::snapshot::types::{MiroirSnapshot, MiroirVolume, SlotState};
 
 use super::metrics::AgentMetrics;
-use super::worker::volume_worker;
+
+/// Agent timing (docs/snapshot.md, "Settings and RBAC").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// D: every barrier is lifted this long after `suspendedAt` or after its raise.
+    pub deadline: Duration,
+    /// G: no cut starts and no `Done` is written within G of the deadline.
+    pub cut_guard: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            deadline: Duration::from_secs(60),
+            cut_guard: Duration::from_secs(5),
+        }
+    }
+}
 
 /// Agent event reasons (docs/snapshot.md, "Conditions and events").
 pub mod event {
@@ -59,9 +79,9 @@ pub(super) struct Memory {
     pub(super) stuck: HashMap<String, ()>,
 }
 
-pub(super) struct Ctx {
+pub(super) struct Context {
     pub(super) node: String,
-    pub(super) settings: decide::Settings,
+    pub(super) settings: Settings,
     pub(super) fail_limit: u32,
     pub(super) snapshots: Api<MiroirSnapshot>,
     pub(super) snap_store: Store<Guarded<MiroirSnapshot>>,
@@ -125,7 +145,7 @@ pub(super) fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
-impl Ctx {
+impl Context {
     pub(super) fn round_key(s: &MiroirSnapshot) -> Option<RoundKey> {
         Some((s.uid()?, RoundView::of(s).suspended_at?.to_string()))
     }
@@ -201,31 +221,6 @@ impl Ctx {
         self.vol_store
             .get(&ObjectRef::new(name))
             .and_then(|g| g.0.as_ref().ok().cloned())
-    }
-
-    pub(super) fn notify(self: &Arc<Self>, volume: &str) {
-        let n = {
-            let mut w = self.workers.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(n) = w.get(volume) {
-                n.notify_one();
-                return;
-            }
-            let n = Arc::new(Notify::new());
-            w.insert(volume.to_string(), n.clone());
-            n
-        };
-        tokio::spawn(volume_worker(self.clone(), volume.to_string(), n));
-    }
-
-    pub(super) fn notify_all(self: &Arc<Self>) {
-        for n in self
-            .workers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
-            n.notify_one();
-        }
     }
 
     pub(super) async fn event(

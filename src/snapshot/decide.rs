@@ -12,29 +12,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::context::Settings;
 use super::round::{self, RoundView, after, clock, elapsed, format_stamp, human, parse_stamp};
 use super::types::{FINALIZER_PREFIX, MiroirSnapshot, MiroirVolume, SlotState, teardown_finalizer};
-
-/// Manager timing (docs/snapshot.md, "Settings and RBAC").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Settings {
-    /// D: a round is void this long after `suspendedAt`.
-    pub deadline: Duration,
-    /// B: the next open waits this long after a void.
-    pub void_backoff: Duration,
-    /// Lease age after which a node's agent counts as down.
-    pub agent_stale_after: Duration,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            deadline: Duration::from_secs(60),
-            void_backoff: Duration::from_secs(30),
-            agent_stale_after: Duration::from_secs(60),
-        }
-    }
-}
 
 /// Everything the manager looks at for one snapshot.
 #[derive(Clone, Copy, Debug)]
