@@ -26,6 +26,8 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 # Cargo.toml names the e2e test targets; the manifest must resolve them even for a --bin build.
 COPY e2e/tests ./e2e/tests
+# The workspace's dev-only fixture crate: Cargo reads it to resolve the lock file.
+COPY testkit ./testkit
 # The build context holds no .git: `docker build --build-arg UCM_GIT_REVISION=$(git rev-parse
 # --short HEAD)` stamps the revision (ucm_build_info); hack/image.sh builds on the host, from git.
 ARG UCM_GIT_REVISION=unknown

@@ -89,13 +89,14 @@ image:
 
 # A real node (containerd + runc + kubelet, kube-scheduler, kube-proxy, bridge CNI, CoreDNS and
 # rancher's local-path provisioner) in its own network namespace, on a control plane of its own
-# (hack/node.sh; root). `make node-down` stops it and restores the host; `make node-check`
-# runs real Pods, the add-ons and the e2e suite's node area on it, and proves that `down` does.
+# (hack/node/node.sh; root). `make node-down` stops it and restores the host; `make node-check`
+# runs real Pods, the add-ons and the e2e suite's platform::node tests on it, and proves that
+# `down` does.
 $(KUBELET) $(SCHEDULER) $(KUBEPROXY): e2e/go.mod e2e/go.sum
 	cd e2e && $(GO_ENV) go build -ldflags "$(GO_LDFLAGS)" -o bin/$(notdir $@) k8s.io/kubernetes/cmd/$(notdir $@)
 
 # The node's add-ons from their published Go modules, each in a module of its own (like helm):
-# CoreDNS for Service names, the local-path provisioner so PVCs bind (hack/node-addons.yaml).
+# CoreDNS for Service names, the local-path provisioner so PVCs bind (hack/node/addons.yaml).
 $(COREDNS): e2e/tools/coredns/go.mod e2e/tools/coredns/go.sum
 	cd e2e/tools/coredns && $(GO_ENV) go build -ldflags "-s -w" -o ../../bin/coredns github.com/coredns/coredns
 
@@ -107,14 +108,14 @@ $(PAUSE): e2e/cmd/pause/main.go
 
 node: image $(NODE_BINS)
 	hack/image.sh node
-	hack/node.sh up
+	hack/node/node.sh up
 
 node-down:
-	hack/node.sh down
+	hack/node/node.sh down
 
 node-check: image $(NODE_BINS)
 	hack/image.sh node
-	hack/node-check.sh
+	hack/node/check.sh
 
 # `make test`'s node step: node-check with the image built from a debug build of the same source
 # (hack/image.sh: a changed source rebuilds in about a minute; the release one takes 7–19 min).
@@ -122,7 +123,7 @@ TEST_IMAGE := $(TARGET_DIR)/ucm-image-dev.oci.tar
 node-e2e: $(NODE_BINS)
 	UCM_IMAGE_PROFILE=dev UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/image.sh
 	hack/image.sh node
-	UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/node-check.sh
+	UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/node/check.sh
 
 # One shared control plane for the e2e suite (one test binary); tests needing their own start one.
 e2e: cluster build
@@ -166,17 +167,17 @@ test-deps:
 test: test-deps lint crds-check unit e2e node-e2e conformance-ci
 
 # `make run`: config/default as shipped on a real local node, with a demo for every feature
-# (hack/run-node.sh; root). `make run LOCAL=1`, and any run without root: the manager as a local
-# process on the node-less control plane (hack/run.sh), for fast iteration.
+# (hack/demo/run-node.sh; root). `make run LOCAL=1`, and any run without root: the manager as a local
+# process on the node-less control plane (hack/demo/run.sh), for fast iteration.
 RUN_NODE := $(if $(LOCAL),,$(shell [ "$$(id -u)" -eq 0 ] && echo 1))
 run: cluster $(if $(RUN_NODE),image $(NODE_BINS),build)
 	$(if $(LOCAL)$(RUN_NODE),,@echo "make run: not root, so no local node (it needs network namespaces, mounts and cgroups); running the manager as a local process, as make run LOCAL=1 does")
-	$(if $(RUN_NODE),hack/image.sh node && hack/run-node.sh,hack/run.sh)
+	$(if $(RUN_NODE),hack/image.sh node && hack/demo/run-node.sh,hack/demo/run.sh)
 
 # The benchmark suite (issue 9): writes bench/results.md and bench/results.json. Not part of `test`.
 # `UCM_BENCH_ONLY=<phase>[,<phase>] make bench` reruns some phases (see bench/results.md).
 bench: $(KHARNESS)
-	hack/bench.sh
+	hack/bench/bench.sh
 
 # Fuzzing (issue 10): the cargo-fuzz targets in fuzz/ (its own crate and lock file, so `make
 # test` never builds it), each run FUZZ_SECONDS, executions per target printed at the end.

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Starts one local control plane, runs the e2e tests (the #[ignore]d ones) against it, stops it.
-# The suite is one test binary (`e2e`, e2e/tests/main.rs) with a module per feature area.
-# `--test <area>` (repeatable) runs only those areas' tests (default: every e2e test); a name
-# filter narrows them, options (e.g. --nocapture, --skip <name>) go to the test binary:
-#   hack/e2e.sh --test jumpstarter [filter]      hack/e2e.sh oidc
+# The suite is one test binary (`e2e`, e2e/tests/main.rs) with a module per feature (exporter,
+# snapshot, vmexport) and one for the platform under them; tests read `<area>::<module>::<test>`.
+# `--test <area>` (repeatable; a module path: `exporter`, `exporter::jumpstarter`,
+# `platform::faults`) runs only those tests (default: every e2e test); a name filter narrows
+# them, options (e.g. --nocapture, --skip <name>) go to the test binary:
+#   hack/e2e.sh --test exporter::jumpstarter [filter]      hack/e2e.sh oidc
 set -euo pipefail
 areas=()
 filters=()
@@ -43,7 +45,7 @@ if ((${#areas[@]})); then
       [[ $t == "$area::"* ]] && mine+=("$t")
     done
     if ! ((${#mine[@]})); then
-      echo "no e2e area '$area'; areas: $(printf '%s\n' "${all[@]}" | sed 's/::.*//' | sort -u | tr '\n' ' ')" >&2
+      echo "no e2e area '$area'; areas: $(printf '%s\n' "${all[@]}" | sed 's/::[^:]*$//' | sort -u | tr '\n' ' ')" >&2
       exit 2
     fi
     for t in "${mine[@]}"; do
@@ -65,27 +67,11 @@ if ((${#areas[@]})); then
   fi
   cmd=(cargo test --locked --no-fail-fast --test e2e -- --ignored --exact "${names[@]}")
 else
-  # The node area runs on the local node, under hack/node-check.sh.
-  cmd=(cargo test --locked --no-fail-fast --tests -- --ignored --skip node:: ${filters[@]+"${filters[@]}"})
+  # The platform::node tests run on the local node, under hack/node/check.sh.
+  cmd=(cargo test --locked --no-fail-fast --tests -- --ignored --skip platform::node:: ${filters[@]+"${filters[@]}"})
 fi
-work=$(mktemp -d /tmp/ucm-e2e-XXXXXX)
-"$root/e2e/bin/kharness" serve --dir "$work/cluster" --with-kcm --rm-dir >"$work/ready" 2>"$work/harness.log" &
-pid=$!
-cleanup() {
-  kill -TERM "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-start=$(date +%s)
-until grep -q '^READY ' "$work/ready"; do
-  if ! kill -0 "$pid" 2>/dev/null || (( $(date +%s) - start > 180 )); then
-    echo "the local control plane did not start; last harness log lines:" >&2
-    tail -n 60 "$work/harness.log" >&2
-    exit 1
-  fi
-  sleep 0.2
-done
-echo "control plane ready in $(( $(date +%s) - start ))s"
-export UCM_E2E_KUBECONFIG=$(sed -n 's/^READY //p' "$work/ready")
+# shellcheck source=hack/lib/controlplane.sh
+source "$root/hack/lib/controlplane.sh"
+controlplane_up ucm-e2e
+echo "control plane ready in $(( $(date +%s) - controlplane_started ))s"
 "${cmd[@]}" --test-threads="${E2E_THREADS:-4}" ${options[@]+"${options[@]}"}

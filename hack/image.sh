@@ -40,7 +40,7 @@ if [ "${1:-ucm}" = node ]; then
   hack/host-deps.sh busybox
   # The Pod sandbox.
   small pause localhost/ucm-pause:1 65535:65535 '["/pause"]' e2e/bin/pause:/pause
-  # CoreDNS and the local-path provisioner, from their Go modules (hack/node-addons.yaml).
+  # CoreDNS and the local-path provisioner, from their Go modules (hack/node/addons.yaml).
   small coredns "localhost/coredns:$(gomod coredns github.com/coredns/coredns)" 65532:65532 \
     '["/coredns"]' e2e/bin/coredns:/coredns
   small local-path "localhost/local-path-provisioner:$(gomod local-path github.com/rancher/local-path-provisioner)" \

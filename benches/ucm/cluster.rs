@@ -35,8 +35,8 @@ pub struct Plane {
 impl Plane {
     pub async fn start(dir: &Path) -> Plane {
         let cp = ControlPlane::start(dir);
-        let admin = crate::common::client_for(&cp.kubeconfig).await;
-        crate::common::install_crds(&admin).await;
+        let admin = ucm_testkit::client_for(&cp.kubeconfig).await;
+        ucm_testkit::install_crds(&admin).await;
         serve_each_crd_once(&admin).await;
         more_service_ips(&admin).await;
         let manager_kubeconfig = identity(&admin, &cp.kubeconfig, "ucm-manager", dir).await;
@@ -76,8 +76,8 @@ impl ControlPlane {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(&policy, AUDIT_POLICY).unwrap();
         let log = std::fs::File::create(dir.join("kharness.log")).unwrap();
-        let mut cmd = Command::new(crate::common::kharness_bin());
-        crate::procs::die_with_parent(&mut cmd);
+        let mut cmd = Command::new(ucm_testkit::kharness_bin());
+        crate::child::die_with_parent(&mut cmd);
         let mut child = cmd
             .arg("serve")
             .arg("--dir")
@@ -129,7 +129,7 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            crate::common::signal(c.id(), "TERM");
+            ucm_testkit::signal(c.id(), "TERM");
             let _ = c.wait();
         }
         if std::env::var("UCM_BENCH_KEEP").as_deref() != Ok("1") {

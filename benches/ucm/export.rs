@@ -12,9 +12,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ucm::vmexport::certs;
+use ucm_testkit::free_port;
 
 use crate::Ctx;
-use crate::common::free_port;
 use crate::procs::{Proc, ucm_bin};
 use crate::report::{Figure, median};
 
@@ -64,7 +64,7 @@ struct Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
-        crate::common::signal(self.child.id(), "QUIT");
+        ucm_testkit::signal(self.child.id(), "QUIT");
         let _ = self.child.wait();
     }
 }
@@ -113,7 +113,7 @@ http {{
     .unwrap();
     std::fs::create_dir_all(dir.join("tmp")).unwrap();
     let mut cmd = Command::new("nginx");
-    crate::procs::die_with_parent(&mut cmd);
+    crate::child::die_with_parent(&mut cmd);
     let child = cmd
         .arg("-c")
         .arg(&conf)
@@ -123,7 +123,7 @@ http {{
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("nginx.out")).unwrap())
         .spawn()
-        .expect("nginx (Debian package nginx; hack/bench.sh installs it)");
+        .expect("nginx (Debian package nginx; hack/bench/bench.sh installs it)");
     wait_port(http);
     wait_port(https);
     Nginx { child }
@@ -198,7 +198,7 @@ fn pigz_threads(file: &Path, threads: usize) -> f64 {
         .arg(file)
         .stdout(Stdio::null())
         .status()
-        .expect("pigz (Debian package pigz; hack/bench.sh installs it)");
+        .expect("pigz (Debian package pigz; hack/bench/bench.sh installs it)");
     assert!(st.success());
     t0.elapsed().as_secs_f64()
 }

@@ -9,13 +9,12 @@
 //! counts × this factor, default 1; anything else is marked in the results),
 //! `UCM_BENCH_OUT` (default `bench/`), `UCM_BENCH_EXPORT_MIB` (default 2048).
 
-// The e2e fixture; the benchmarks use only part of it.
-#[allow(dead_code)]
-#[path = "../../e2e/tests/common/mod.rs"]
-mod common;
+// The fixtures shared with the e2e suite (control plane, CRDs, processes) are the ucm-testkit
+// crate's.
 
 mod barrier;
 mod bulk;
+mod child;
 mod cluster;
 mod export;
 mod failover;

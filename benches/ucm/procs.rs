@@ -5,20 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{free_port, http_get, signal, stop_child};
+use ucm_testkit::{free_port, http_get, signal, stop_child};
 
-/// The child gets SIGTERM when the bench driver dies, even without running its destructors
-/// (Ctrl-C, a kill): no manager, agent or server outlives a bench run.
-pub fn die_with_parent(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl is async-signal-safe and touches only the calling (child) process.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            Ok(())
-        });
-    }
-}
+use crate::child::die_with_parent;
 
 pub fn ucm_bin() -> &'static str {
     env!("CARGO_BIN_EXE_ucm")

@@ -180,7 +180,7 @@ pub const PHASE_INTROS: &[(&str, &str)] = &[(
 
 pub fn render_markdown(r: &Results, methods: &str) -> String {
     let mut out = String::from("# ucm benchmark results\n\n");
-    out.push_str("Written by `make bench` (`hack/bench.sh`, driver `benches/ucm/`). Do not edit by hand.\n\n");
+    out.push_str("Written by `make bench` (`hack/bench/bench.sh`, driver `benches/ucm/`). Do not edit by hand.\n\n");
     for (k, v) in &r.meta {
         let v = v
             .as_str()

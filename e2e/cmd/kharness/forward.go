@@ -13,7 +13,7 @@ import (
 )
 
 // forward listens inside a network namespace and forwards each connection to an address in
-// the namespace this process was started in. The local node (hack/node.sh) runs containerd and
+// the namespace this process was started in. The local node (hack/node/node.sh) runs containerd and
 // kubelet in their own namespace; this is how kubelet (127.0.0.1:P there) and Pods (the
 // `kubernetes` Service IP, DNATed to the node address) reach the API server on the host's
 // loopback, without an address, route or firewall rule on the host side.

@@ -1,4 +1,4 @@
-// Command pause is the local node's Pod sandbox image (hack/node.sh): a static program that
+// Command pause is the local node's Pod sandbox image (hack/node/node.sh): a static program that
 // sleeps as PID 1 of each Pod until it is told to stop, like registry.k8s.io/pause, which cannot
 // be pulled where no container registry is reachable.
 package main

@@ -2,11 +2,11 @@
 # `make node-check`: brings the local node up, runs real Pods from the ucm image (a Pod running
 # `ucm --version` to completion, and config/default's manager Deployment until it is Available),
 # checks the add-ons as a Pod and the host use them (a Service name resolves and routes, a PVC
-# binds and is cleaned up), runs the e2e suite's node area (e2e/tests/node.rs), brings it down,
-# and fails unless the host is as before: no process, mount, network namespace, link, cgroup or
-# sysctl of the node left behind. Needs root, like hack/node.sh.
+# binds and is cleaned up), runs the e2e suite's platform::node tests (e2e/tests/platform/node.rs),
+# brings it down, and fails unless the host is as before: no process, mount, network namespace,
+# link, cgroup or sysctl of the node left behind. Needs root, like hack/node/node.sh.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 name=${UCM_NODE_NAME:-ucm-node}
 state=${UCM_NODE_DIR:-$root/.run/node}
@@ -15,7 +15,7 @@ trap 'rm -rf "$snap"' EXIT
 kubectl=("$root/e2e/bin/kubectl" --kubeconfig "$state/cluster/kubeconfig")
 fail() {
   echo "node-check: FAIL: $*" >&2
-  hack/node.sh down || true
+  hack/node/node.sh down || true
   exit 1
 }
 
@@ -37,7 +37,7 @@ snapshot() { # DIR
 
 snapshot "$snap/before"
 t0=$(date +%s.%N)
-hack/node.sh up
+hack/node/node.sh up
 t_up=$(date +%s.%N)
 
 # 1. A Pod from the ucm image, run to completion under PSA restricted. runAsNonRoot without a
@@ -82,7 +82,7 @@ echo "node-check: config/default manager Available; 'forbidden' in its log: $for
 # default StorageClass binds (the local-path provisioner, its helper Pod) and holds what the Pod
 # wrote; deleting it removes the volume's directory.
 svc=ucm-controller-manager-metrics.ucm-system.svc.cluster.local
-busybox=$(hack/node.sh image-ref busybox)
+busybox=$(hack/node/node.sh image-ref busybox)
 "${kubectl[@]}" -n "$ns" apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: PersistentVolumeClaim
@@ -130,13 +130,13 @@ done
 echo "node-check: PVC data bound to ${pv#Bound } ($dir), held the Pod's file, and was removed with its claim"
 t_addons=$(date +%s.%N)
 
-# 4. The e2e suite's node area (e2e/tests/node.rs): ucm's features with real Pods.
-UCM_NODE_KUBECONFIG=$state/cluster/kubeconfig cargo test --locked --test e2e -- --ignored --test-threads=1 node:: ||
-  fail "the node area of the e2e suite failed"
+# 4. The e2e suite's platform::node tests (e2e/tests/platform/node.rs): ucm's features with real Pods.
+UCM_NODE_KUBECONFIG=$state/cluster/kubeconfig cargo test --locked --test e2e -- --ignored --test-threads=1 platform::node:: ||
+  fail "the e2e suite's platform::node tests failed"
 t_tests=$(date +%s.%N)
 "${kubectl[@]}" get pods -A -o wide
 
-hack/node.sh down
+hack/node/node.sh down
 t_down=$(date +%s.%N)
 snapshot "$snap/after"
 

@@ -3,7 +3,7 @@
 //! shipped, Services through kube-proxy, names through CoreDNS, PVCs through the local-path
 //! provisioner.
 //!
-//! These tests need the node: `hack/node-check.sh` (`make node-check`; in `make test` as
+//! These tests need the node: `hack/node/check.sh` (`make node-check`; in `make test` as
 //! `make node-e2e`, with the image from a debug build) brings it up, names its kubeconfig in `UCM_NODE_KUBECONFIG`, runs this area, and then proves
 //! that bringing the node down leaves nothing behind. `hack/e2e.sh` skips the area (its control
 //! plane has no node). The tests share one install and run one at a time (`--test-threads=1`):
@@ -36,7 +36,7 @@ fn node_kubeconfig() -> PathBuf {
         Ok(k) if !k.trim().is_empty() => PathBuf::from(k.trim()),
         _ => panic!(
             "UCM_NODE_KUBECONFIG is not set: the node area runs on the local node, through \
-             hack/node-check.sh (`make node-check`, part of `make test`; needs root)"
+             hack/node/check.sh (`make node-check`, part of `make test`; needs root)"
         ),
     }
 }
@@ -320,7 +320,7 @@ async fn an_export_server_pod_serves_a_provisioned_disk_through_its_service() {
     let client = installed().await;
     let ns = create_namespace(&client, "node-vmexport").await;
     let busybox = String::from_utf8(
-        Command::new(repo_root().join("hack/node.sh"))
+        Command::new(repo_root().join("hack/node/node.sh"))
             .args(["image-ref", "busybox"])
             .output()
             .unwrap()
@@ -580,7 +580,7 @@ async fn the_helm_chart_installs_under_pod_security_restricted_and_serves_its_na
     ]);
 }
 
-/// Points the shipped snapshot-agent DaemonSet at one loopfile pool (hack/node-snapshot-pools.*),
+/// Points the shipped snapshot-agent DaemonSet at one loopfile pool (hack/node/snapshot-pools.*),
 /// as a user configures it, once, and waits for its rollout.
 fn loopfile_pool() {
     let root = repo_root();
@@ -589,7 +589,7 @@ fn loopfile_pool() {
         "--server-side",
         "--field-manager=e2e-node",
         "-f",
-        root.join("hack/node-snapshot-pools.yaml").to_str().unwrap(),
+        root.join("hack/node/snapshot-pools.yaml").to_str().unwrap(),
     ]);
     let args = kubectl(&[
         "-n",
@@ -607,7 +607,7 @@ fn loopfile_pool() {
             "daemonset/ucm-snapshot-agent",
             "--type=json",
             "--patch-file",
-            root.join("hack/node-snapshot-pools.json").to_str().unwrap(),
+            root.join("hack/node/snapshot-pools.json").to_str().unwrap(),
         ]);
     }
     kubectl(&[
@@ -734,7 +734,7 @@ fn in_node_netns(venv: &std::path::Path, dir: &std::path::Path, bin: &str) -> Co
     ])
     .arg(&resolv)
     .arg(venv.join("bin").join(bin));
-    crate::jumpstarter::py_env(&mut cmd, venv, dir);
+    crate::exporter::jumpstarter::py_env(&mut cmd, venv, dir);
     cmd
 }
 
@@ -794,7 +794,7 @@ async fn a_real_jmp_exporter_and_client_meet_through_the_in_cluster_controller_a
 
     let log = dir.path().join("exporter.log");
     let out = std::fs::File::create(&log).unwrap();
-    let mut exporter = crate::jumpstarter::ExporterProc {
+    let mut exporter = crate::exporter::jumpstarter::ExporterProc {
         child: Some(
             in_node_netns(&venv, dir.path(), "jmp")
                 .args(["run", "--exporter-config"])

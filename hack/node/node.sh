@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # A real node for the local control plane (README, "The image and a real node"):
-# `hack/node.sh up|down|status`.
+# `hack/node/node.sh up|down|status`.
 #
 # up:   a control plane of its own (kharness serve --with-kcm, plus a second `kharness kcm` with the
 #       workload controllers and kube-scheduler), and one node: containerd 1.6 + runc + kubelet
 #       and kube-proxy v1.37.2 in a network namespace of their own, Pods on a bridge CNI, the ucm
 #       image (`make image`) and the node's images (`hack/image.sh node`) imported from OCI
-#       archives, then the add-ons (hack/node-addons.yaml): CoreDNS and the local-path
+#       archives, then the add-ons (hack/node/addons.yaml): CoreDNS and the local-path
 #       provisioner with the default StorageClass. Prints the kubeconfig.
 # down: stops all of it and restores what kubelet changed; leaves no process, mount, network
-#       namespace, cgroup or changed sysctl (hack/node-check.sh checks that).
+#       namespace, cgroup or changed sysctl (hack/node/check.sh checks that).
 #
 # Needs root (network namespace, cgroups, mounts); one node per machine. Host side: one veth
 # (UCM_NODE_NAME-h, 10.213.0.1/30) so the API server reaches kubelet on the node's InternalIP,
@@ -19,7 +19,7 @@
 # no endpoints for it); kube-proxy (iptables) routes every other Service, from Pods and from the
 # host. Tested on a hybrid cgroup v1 host (Debian 12).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 name=${UCM_NODE_NAME:-ucm-node}
 state=${UCM_NODE_DIR:-$root/.run/node}
@@ -200,7 +200,7 @@ YAML
 addons() {
   sed -e "s|@COREDNS_IMAGE@|$(image_ref coredns)|" -e "s|@LOCALPATH_IMAGE@|$(image_ref local-path)|" \
     -e "s|@BUSYBOX_IMAGE@|$(image_ref busybox)|g" -e "s|@DNS_IP@|$dns_ip|" -e "s|@VOLUME_DIR@|$volume_dir|" \
-    hack/node-addons.yaml
+    hack/node/addons.yaml
 }
 # The name an image archive of hack/image.sh carries (and `ctr images import` gives it).
 image_ref() { tar -xOf "$images/$1.oci.tar" index.json | jq -r '.manifests[0].annotations["org.opencontainers.image.ref.name"]'; }

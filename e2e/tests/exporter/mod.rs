@@ -1,10 +1,18 @@
 //! The exporter feature against the local control plane, with `ucm manager` as a subprocess.
 //! Tests act as an exporter would by patching Exporter status the way the gRPC service will.
 //! Design: docs/exporter.md.
+//!
+//! The exporter feature's whole e2e area: the reconciler tests here and in `credentials`, `idle`,
+//! `input`, `keys`, `leases` and `queue`; the gRPC service (`grpc`), exporter hooks (`hooks`)
+//! and the real Jumpstarter peers (`jumpstarter`).
 
 mod credentials;
+mod grpc;
+mod hooks;
 mod idle;
 mod input;
+// `platform::node` runs a real `jmp` exporter with its helpers.
+pub(crate) mod jumpstarter;
 mod keys;
 mod leases;
 mod queue;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make run`: ucm as a user deploys it. The local node (hack/node.sh, root: kube-proxy,
+# `make run`: ucm as a user deploys it. The local node (hack/node/node.sh, root: kube-proxy,
 # CoreDNS, the local-path provisioner), the image from `make image`, and config/default applied
 # exactly as shipped; then demo objects the in-cluster manager reconciles: the Jumpstarter demo,
 # a VirtualMachineExport of a provisioned PVC whose disk is downloaded through the export
@@ -7,18 +7,18 @@
 # DaemonSet once it is pointed at a loopfile pool. Follows the manager's log; Ctrl-C brings the
 # node down. `make run LOCAL=1` (a local manager process) has the Jumpstarter demo.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 state=${UCM_NODE_DIR:-$root/.run/node}
 kubeconfig=$state/cluster/kubeconfig
 kubectl=(e2e/bin/kubectl --kubeconfig "$kubeconfig")
 t0=$SECONDS
 
-hack/node.sh up
+hack/node/node.sh up
 down() {
   trap - INT TERM EXIT
   echo
-  hack/node.sh down
+  hack/node/node.sh down
 }
 trap down INT TERM EXIT
 
@@ -31,7 +31,7 @@ out=$("${kubectl[@]}" apply --server-side --field-manager=ucm-run -k config/defa
 "${kubectl[@]}" -n ucm-system rollout status deployment/ucm-router --timeout=120s >/dev/null
 "${kubectl[@]}" -n ucm-system rollout status daemonset/ucm-snapshot-agent --timeout=120s >/dev/null
 
-"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f "$root/hack/demo-jumpstarter.yaml" >/dev/null
+"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f "$root/hack/demo/jumpstarter.yaml" >/dev/null
 # The in-cluster manager hands out both credentials: the demo is reconciled.
 for s in dev-client demo-exporter; do
   end=$((SECONDS + 60))
@@ -43,7 +43,7 @@ done
 
 # VirtualMachineExport: a disk written on a PVC the local-path provisioner binds; the export
 # waits (InUse) until the writer is done, then its export-server Pod serves the disk.
-sed "s|@BUSYBOX_IMAGE@|$(hack/node.sh image-ref busybox)|" hack/demo-vmexport.yaml |
+sed "s|@BUSYBOX_IMAGE@|$(hack/node/node.sh image-ref busybox)|" hack/demo/vmexport.yaml |
   "${kubectl[@]}" apply --server-side --field-manager=ucm-run -f - >/dev/null
 "${kubectl[@]}" -n default wait --for=jsonpath='{.status.phase}'=Succeeded pod/demo-disk-writer --timeout=120s >/dev/null ||
   { "${kubectl[@]}" -n default describe pod demo-disk-writer pvc demo-disk >&2; exit 1; }
@@ -66,14 +66,14 @@ got=$(eval "$curl_cmd" | md5sum | awk '{print $1}')
 
 # MiroirSnapshot: the DaemonSet pointed at a loopfile pool (as a user configures it), a volume
 # file in that pool, and a snapshot the agent cuts without a barrier (one leg, no DRBD peer).
-"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f hack/node-snapshot-pools.yaml >/dev/null
+"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f hack/node/snapshot-pools.yaml >/dev/null
 "${kubectl[@]}" -n ucm-system patch daemonset/ucm-snapshot-agent --type=json \
-  --patch-file hack/node-snapshot-pools.json >/dev/null
+  --patch-file hack/node/snapshot-pools.json >/dev/null
 "${kubectl[@]}" -n ucm-system rollout status daemonset/ucm-snapshot-agent --timeout=120s >/dev/null
 pool=/var/lib/miroir/loop
 mkdir -p "$pool/volumes"
 head -c 16777216 /dev/urandom >"$pool/volumes/demo-vol.img"
-"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f hack/demo-snapshot.yaml >/dev/null
+"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f hack/demo/snapshot.yaml >/dev/null
 "${kubectl[@]}" patch miroirvolume demo-vol --subresource=status --type=merge -p \
   '{"status": {"formatted": true, "perNode": {"ucm-node": {"deviceCreated": true, "diskState": "UpToDate", "splitBrain": false}}}}' >/dev/null
 "${kubectl[@]}" wait --for=jsonpath='{.status.readyToUse}'=true miroirsnapshot/demo-snap --timeout=120s >/dev/null ||

@@ -5,7 +5,7 @@
 # The cluster directory .run/cluster survives, so the next run reuses its data, ports and kubeconfig.
 # Ctrl-C stops the router, the manager and the control plane.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 ucm="${CARGO_TARGET_DIR:-target}/debug/ucm"
 mkdir -p .run
@@ -57,7 +57,7 @@ TXT
 mgr=$!
 
 # Jumpstarter: a demo Client and Exporter, the router, and jmp configs holding their tokens.
-"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f "$root/hack/demo-jumpstarter.yaml" >/dev/null
+"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f "$root/hack/demo/jumpstarter.yaml" >/dev/null
 secret() { "${kubectl[@]}" -n default get secret "$1" -o "jsonpath={.data.$2}" 2>/dev/null | base64 -d; }
 for s in ucm-exporter-grpc-tls:tls\\.crt ucm-router-key:key dev-client:token demo-exporter:token; do
   until [ -n "$(secret "${s%%:*}" "${s#*:}")" ]; do

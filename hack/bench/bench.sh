@@ -4,7 +4,7 @@
 # driver (`cargo bench` profile), runs the driver, and reports the wall times. The driver writes
 # bench/results.md and bench/results.json. Pass UCM_BENCH_ONLY=<phase>[,...] to rerun phases.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 start=$(date +%s)
 
 need=()

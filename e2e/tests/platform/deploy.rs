@@ -327,7 +327,7 @@ fn every_registered_feature_is_deployable() {
     for f in registered() {
         assert!(
             SHIPPED.iter().any(|(n, _)| *n == f),
-            "feature {f} is registered but unknown to the deployment artifacts: add config/*/{f}, the chart's {f} values and SHIPPED in e2e/tests/deploy.rs"
+            "feature {f} is registered but unknown to the deployment artifacts: add config/*/{f}, the chart's {f} values and SHIPPED in e2e/tests/platform/deploy.rs"
         );
         for dir in [
             format!("config/overlays/{f}"),
