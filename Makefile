@@ -39,9 +39,20 @@ build:
 fmt:
 	$(CARGO) fmt
 
-lint:
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets --locked -- -D warnings
+# cargo-deny (docs/architecture.md, "Guard rails"), pinned, built once into the cache.
+CARGO_DENY_VERSION := 0.20.2
+CARGO_DENY := $(HOME)/.cache/ucm/tools/cargo-deny-$(CARGO_DENY_VERSION)/bin/cargo-deny
+
+$(CARGO_DENY):
+	@echo "building cargo-deny $(CARGO_DENY_VERSION) (once, about 5 min)"
+	$(CARGO) install cargo-deny --version $(CARGO_DENY_VERSION) --locked --quiet \
+	  --root $(HOME)/.cache/ucm/tools/cargo-deny-$(CARGO_DENY_VERSION) \
+	  --target-dir $(HOME)/.cache/ucm/tools/target
+
+lint: $(CARGO_DENY)
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO_DENY) check licenses bans sources
 	cd e2e && $(GO_ENV) go vet ./...
 	@test -z "$$(gofmt -l e2e/cmd)" || { echo "gofmt needed:"; gofmt -l e2e/cmd; exit 1; }
 

@@ -84,7 +84,7 @@ pub fn parse_signed(input: &str) -> Result<SignedDuration, String> {
         return Err(invalid());
     }
     let nanos = if negative {
-        (total as i128).wrapping_neg() as i64
+        i128::from(total).wrapping_neg() as i64
     } else {
         total as i64
     };

@@ -124,9 +124,8 @@ fn kubelet(client: Client, ns: String) -> tokio::task::JoinHandle<()> {
         let mut stream = std::pin::pin!(stream);
         let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
         while let Some(ev) = stream.next().await {
-            let p = match ev {
-                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
-                _ => continue,
+            let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev else {
+                continue;
             };
             if !marked.insert(p.name_any()) {
                 continue;
@@ -270,7 +269,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         s.push("startup.empty", ready.as_secs_f64());
         tokio::time::sleep(Duration::from_secs(3)).await;
         let rss0 = m.rss() as f64;
-        s.push("rss.zero", rss0 / (1 << 20) as f64);
+        s.push("rss.zero", rss0 / f64::from(1 << 20));
         let agents = start_agents(&p, &dir, &run, sc.volumes);
         crate::procs::wait_agent_leases(&c, &NODES).await;
 
@@ -353,7 +352,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         // 4. Memory with everything cached, and the idle write rate.
         tokio::time::sleep(Duration::from_secs(5)).await;
         let rss1 = m.rss() as f64;
-        s.push("rss.cached", rss1 / (1 << 20) as f64);
+        s.push("rss.cached", rss1 / f64::from(1 << 20));
         s.push(
             "rss.per_object",
             (rss1 - rss0) / sc.cached() as f64 / 1024.0,
@@ -428,7 +427,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             bd_insert(&mut breakdown, "start-up writes", st.top(6));
         }
         let rss2 = m2.rss() as f64;
-        s.push("rss.restarted", rss2 / (1 << 20) as f64);
+        s.push("rss.restarted", rss2 / f64::from(1 << 20));
         s.push(
             "rss.restarted_per_object",
             (rss2 - rss0) / sc.cached() as f64 / 1024.0,

@@ -71,6 +71,7 @@ impl Drop for Nginx {
 
 fn nginx(dir: &Path, root: &Path, http: u16, https: u16, cert: &Path, key: &Path) -> Nginx {
     let conf = dir.join("nginx.conf");
+    // SAFETY: geteuid takes no arguments, touches no memory and cannot fail.
     let user = if unsafe { libc::geteuid() } == 0 {
         "user root;"
     } else {
@@ -283,7 +284,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     let (proxy, proxy_url) = export_proxy(ctx, &dir, &ca, port).await;
     curl(&proxy_url, &ca_path, &["-H", &hdr], Some(bytes));
     let mut s: [Vec<f64>; 6] = Default::default();
-    let mib = |secs: f64| bytes as f64 / (1 << 20) as f64 / secs;
+    let mib = |secs: f64| bytes as f64 / f64::from(1 << 20) / secs;
     for r in 0..ctx.runs {
         s[0].push(mib(curl(
             &ucm_url("/volumes/disk/disk.img"),

@@ -388,7 +388,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         drop(refp);
         tokio::time::sleep(IDLE.saturating_sub(ready.elapsed())).await;
         let rss0 = m.rss() as f64;
-        s.push("rss.zero", rss0 / (1 << 20) as f64);
+        s.push("rss.zero", rss0 / f64::from(1 << 20));
         s.push("rss.zero_after", ready.elapsed().as_secs_f64());
 
         // Exporters.
@@ -416,7 +416,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         bd_insert(&mut bd, "exporters", st.manager.top(8));
         tokio::time::sleep(Duration::from_secs(5)).await;
         let rss1 = m.rss() as f64;
-        s.push("rss.after", rss1 / (1 << 20) as f64);
+        s.push("rss.after", rss1 / f64::from(1 << 20));
         s.push("rss.per_exporter", (rss1 - rss0) / n as f64 / 1024.0);
 
         // Clients.

@@ -22,6 +22,7 @@ pub fn cpu_secs(pid: u32) -> f64 {
         .split_whitespace()
         .filter_map(|x| x.parse().ok())
         .collect();
+    // SAFETY: sysconf reads a constant of the system; no memory is passed.
     let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     // rest starts at field 3 (state, not a number, skipped by the filter): utime is field 14.
     f.get(10)

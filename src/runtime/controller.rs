@@ -560,11 +560,11 @@ pub async fn run<K, C, E, F, Fut>(
             match res {
                 Ok((obj, _)) => debug!(controller = name, object = %obj, "reconciled"),
                 Err(kube::runtime::controller::Error::ReconcilerFailed(e, obj)) => {
-                    warn!(controller = name, object = %obj, error = %error_chain(&e), "reconcile failed")
+                    warn!(controller = name, object = %obj, error = %error_chain(&e), "reconcile failed");
                 }
                 Err(kube::runtime::controller::Error::QueueError(e)) => {
                     metrics.watch_error();
-                    warn!(controller = name, error = %error_chain(&e), "watch error")
+                    warn!(controller = name, error = %error_chain(&e), "watch error");
                 }
                 Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => debug!(controller = name, object = %obj, "object gone"),
                 Err(e) => warn!(controller = name, error = %error_chain(&e), "controller error"),

@@ -610,7 +610,7 @@ impl Elector {
         {
             Ok(_) => info!("released leadership"),
             Err(e) => {
-                warn!(error = %e, "could not release the Lease; a standby takes over after it expires")
+                warn!(error = %e, "could not release the Lease; a standby takes over after it expires");
             }
         }
     }

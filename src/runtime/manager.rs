@@ -211,7 +211,7 @@ async fn run_feature(f: &'static Feature, rt: Runtime, matches: clap::ArgMatches
     };
     let waits = names.iter().map(|name| async {
         let up = wait_established(&crds, name, f.name, &rt.shutdown, |msg| {
-            publish(name, Some(msg))
+            publish(name, Some(msg));
         })
         .await;
         if up {
@@ -240,7 +240,7 @@ async fn run_feature(f: &'static Feature, rt: Runtime, matches: clap::ArgMatches
             rt.shutdown.cancelled().await;
         }
         Ok(()) if !rt.shutdown.is_cancelled() => {
-            error!(feature = f.name, "feature stopped before shutdown")
+            error!(feature = f.name, "feature stopped before shutdown");
         }
         Ok(()) => info!(feature = f.name, "feature drained"),
     }
@@ -265,12 +265,12 @@ async fn wait_established(
             }
             Ok(_) if failures == 0 => {
                 status(missing.clone());
-                error!(feature, crd = %name, "{missing}; the feature starts once it is applied (see `ucm crds`)")
+                error!(feature, crd = %name, "{missing}; the feature starts once it is applied (see `ucm crds`)");
             }
             Ok(_) => status(missing.clone()),
             Err(e) => {
                 status(format!("cannot read CustomResourceDefinition {name}: {e}"));
-                warn!(feature, crd = %name, error = %e, "cannot read CustomResourceDefinitions; retrying")
+                warn!(feature, crd = %name, error = %e, "cannot read CustomResourceDefinitions; retrying");
             }
         }
         let waited = tokio::select! {
@@ -319,7 +319,7 @@ mod tests {
         });
         let started = std::time::Instant::now();
         let established = wait_established(&crds, "widgets.example.com", "f", &shutdown, |m| {
-            messages.lock().unwrap().push(m)
+            messages.lock().unwrap().push(m);
         })
         .await;
         assert!(!established);

@@ -77,7 +77,7 @@ pub fn status_body(status: &Value, conditions: Vec<Value>, schema: &Value) -> Va
         if status.get(field).is_none() {
             let zero = match schema["properties"][field]["type"].as_str() {
                 Some("boolean") => json!(false),
-                Some("integer") | Some("number") => json!(0),
+                Some("integer" | "number") => json!(0),
                 Some("array") => json!([]),
                 Some("object") => json!({}),
                 _ => json!(""),
@@ -145,7 +145,7 @@ where
         Ok(_) => {}
         Err(crate::runtime::WriteError::NotLeader) => return,
         Err(e) => {
-            warn!(kind = %ar.kind, name, error = %e, "cannot write the UnreadableObject condition")
+            warn!(kind = %ar.kind, name, error = %e, "cannot write the UnreadableObject condition");
         }
     }
     let regarding = ObjectReference {

@@ -146,7 +146,7 @@ pub(super) async fn apply(
                                     false,
                                     REASON_POD_CREATION_FAILED,
                                     msg,
-                                ))
+                                ));
                             }
                         }
                     }

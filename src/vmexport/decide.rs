@@ -300,10 +300,10 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
     };
     match o.kind {
         SourceKind::VirtualMachine => {
-            status.virtual_machine_name = Some(export.spec.source.name.clone())
+            status.virtual_machine_name = Some(export.spec.source.name.clone());
         }
         SourceKind::VirtualMachineSnapshot if o.snapshot_vm.is_some() => {
-            status.virtual_machine_name = o.snapshot_vm.clone()
+            status.virtual_machine_name = o.snapshot_vm.clone();
         }
         _ => {}
     }
@@ -385,7 +385,7 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
         let phase = p.status.as_ref().and_then(|s| s.phase.clone());
         let delete = if !source.available {
             Some(("ExportPaused", source.pause_message.clone()))
-        } else if matches!(phase.as_deref(), Some("Succeeded") | Some("Failed")) {
+        } else if matches!(phase.as_deref(), Some("Succeeded" | "Failed")) {
             Some((
                 "ExporterPodFailedOrCompleted",
                 format!(

@@ -194,7 +194,7 @@ fn a_new_export_creates_its_children_and_pod() {
     assert_eq!(phase(&p), PHASE_PENDING);
     assert_eq!(
         ready_cond(&p),
-        ("False".into(), REASON_POD_PENDING.into(), "".into())
+        ("False".into(), REASON_POD_PENDING.into(), String::new())
     );
     assert_eq!(p.status.service_name, Some(naming::service_name("ex")));
     assert_eq!(
@@ -246,7 +246,7 @@ fn a_ready_pod_is_kept_and_gives_the_links() {
     assert_eq!(phase(&p), PHASE_READY);
     assert_eq!(
         ready_cond(&p),
-        ("True".into(), REASON_POD_READY.into(), "".into())
+        ("True".into(), REASON_POD_READY.into(), String::new())
     );
     assert!(p.links_pod.is_some());
     assert!(p.events.is_empty());

@@ -317,7 +317,7 @@ impl ClaimIndex {
                 }
             }
             watcher::Event::Init => {
-                *self.relist.write().unwrap_or_else(|e| e.into_inner()) = Some(Index::default())
+                *self.relist.write().unwrap_or_else(|e| e.into_inner()) = Some(Index::default());
             }
             watcher::Event::InitApply(p) => {
                 if let Some(ix) = self

@@ -1118,7 +1118,7 @@ fn manifest_flags_exist() {
                             unchecked.insert(flag.to_string());
                         }
                         _ if !documents(&help, flag) => {
-                            missing.push(format!("{what}: ucm {sub} {flag}"))
+                            missing.push(format!("{what}: ucm {sub} {flag}"));
                         }
                         _ => {}
                     }

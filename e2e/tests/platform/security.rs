@@ -769,7 +769,7 @@ impl Traversal {
         std::fs::create_dir_all(files.join("nested")).unwrap();
         std::fs::write(files.join("nested/a.txt"), b"inside\n").unwrap();
         let link = |target: &Path, name: &str| {
-            std::os::unix::fs::symlink(target, files.join(name)).unwrap()
+            std::os::unix::fs::symlink(target, files.join(name)).unwrap();
         };
         link(&root.join("outside/secret.txt"), "abs-escape");
         link(Path::new("../../outside/secret.txt"), "rel-escape");

@@ -251,9 +251,8 @@ impl Monitor {
             let mut published: Option<String> = None;
             let mut events = std::pin::pin!(watcher(snaps, cfg).default_backoff());
             while let Some(ev) = events.next().await {
-                let s = match ev {
-                    Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => s,
-                    _ => continue,
+                let Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) = ev else {
+                    continue;
                 };
                 let Some(st) = s.status.as_ref() else {
                     continue;

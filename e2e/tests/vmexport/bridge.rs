@@ -21,7 +21,7 @@ pub(super) fn int_urls(e: &VirtualMachineExport) -> Vec<String> {
 pub(super) fn bridge_image(pvc: &str) -> Vec<u8> {
     let seed = pvc
         .bytes()
-        .fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
+        .fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)));
     (0..200_000u32)
         .map(|i| ((i.wrapping_mul(seed) >> 3) % 251) as u8)
         .collect()

@@ -713,7 +713,7 @@ mod tests {
             let e = parse(yaml).unwrap_err();
             assert!(e.contains(want), "{yaml}: {e}");
         }
-        let two = format!("{OK}{}", OK);
+        let two = format!("{OK}{OK}");
         assert!(parse(&two).unwrap_err().contains("configured twice"));
     }
 

@@ -325,14 +325,14 @@ fn comparator_detects_differences() {
                 .remove("release");
         }),
         ("retype", |s| {
-            s["properties"]["status"]["properties"]["ended"]["type"] = "string".into()
+            s["properties"]["status"]["properties"]["ended"]["type"] = "string".into();
         }),
         ("default", |s| {
             s["properties"]["spec"]["properties"]["selector"]["default"] =
-                serde_json::json!({"matchLabels": {}})
+                serde_json::json!({"matchLabels": {}});
         }),
         ("extra", |s| {
-            s["properties"]["spec"]["properties"]["tags"]["minProperties"] = 1.into()
+            s["properties"]["spec"]["properties"]["tags"]["minProperties"] = 1.into();
         }),
     ];
     let mut clean = Vec::new();

@@ -813,7 +813,7 @@ pub fn is_ready(exporter: &Exporter) -> bool {
     };
     let status_ok = matches!(
         status.exporter_status,
-        None | Some(ExporterStatusValue::Available) | Some(ExporterStatusValue::Unspecified)
+        None | Some(ExporterStatusValue::Available | ExporterStatusValue::Unspecified)
     );
     status_ok && !owes_after_lease(status)
 }

@@ -169,7 +169,7 @@ fn fifo_holds_under_churn() {
         let head_key = &field.waiting[0].key;
         assert_eq!(head_key.name, head);
         for c in &field.waiting[1..] {
-            assert!(c.key.created >= head_key.created, "{} overtook", head);
+            assert!(c.key.created >= head_key.created, "{head} overtook");
         }
         served.push(head.clone());
         let l = all

@@ -97,7 +97,7 @@ pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
             Err(e)
                 if matches!(
                     e.raw_os_error(),
-                    Some(libc::EAFNOSUPPORT) | Some(libc::EADDRNOTAVAIL)
+                    Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL)
                 ) =>
             {
                 tracing::info!(error = %e, "no IPv6 on this host; listening on IPv4 only");

@@ -173,7 +173,7 @@ pub(super) fn resolve_vm(st: &Stores, export: &VirtualMachineExport) -> Source {
             .get(&ObjectRef::new_with(&name, Kind::VirtualMachineInstance.resource()).within(&ns))
         && !matches!(
             vmi.data["status"]["phase"].as_str(),
-            Some("Succeeded") | Some("Failed")
+            Some("Succeeded" | "Failed")
         )
     {
         let msg = format!("Virtual Machine {ns}/{name} is running");

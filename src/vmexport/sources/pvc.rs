@@ -93,7 +93,7 @@ pub fn pvc_in_use<'a>(
 ) -> Option<&'a Pod> {
     pods.into_iter().find(|pod| {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded") | Some("Failed")) {
+        if matches!(phase, Some("Succeeded" | "Failed")) {
             return false;
         }
         let own = pod

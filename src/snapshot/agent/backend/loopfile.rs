@@ -196,9 +196,8 @@ pub fn sparse_copy(from: &File, to: &File) -> io::Result<()> {
     let mut buf = vec![0u8; CHUNK];
     let mut pos: u64 = 0;
     while pos < len {
-        let (start, end) = match data_extent(fd, pos, len) {
-            Some(x) => x,
-            None => break,
+        let Some((start, end)) = data_extent(fd, pos, len) else {
+            break;
         };
         let mut off = start;
         while off < end {

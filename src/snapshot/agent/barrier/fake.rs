@@ -172,7 +172,7 @@ impl FakeBarrier {
     }
 
     fn record(&self, event: &str, volume: &str, snapshot: Option<&str>) {
-        self.record_with(event, volume, snapshot, None)
+        self.record_with(event, volume, snapshot, None);
     }
 
     fn record_with(
