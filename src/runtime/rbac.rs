@@ -1,7 +1,7 @@
 //! What `ucm rbac` prints: per feature, a ClusterRole `ucm-<feature>` (read access to its own CRDs,
 //! which the runtime watches for readiness, plus the feature's rules) and, when the feature needs
 //! access in the manager's namespace only, a Role `ucm-<feature>`; and the runtime's own Role
-//! `ucm-leader-election`. `config/rbac` must grant exactly this (e2e/tests/deploy.rs checks).
+//! `ucm-leader-election`. `config/rbac` must grant exactly this (e2e/tests/platform/deploy.rs checks).
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::ResourceExt;
