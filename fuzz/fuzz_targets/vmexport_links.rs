@@ -1,4 +1,4 @@
-//! vmexport naming and link building (src/vmexport/naming.rs, build.rs) for any set of claims an
+//! vmexport naming and link building (src/vmexport/naming.rs, objects/) for any set of claims an
 //! export may serve. Properties: every generated object name is a valid Kubernetes name of at
 //! most 63 characters; pod volume names are unique labels; the links built from the rendered
 //! pod list exactly its claims, in order, with the formats of their content, under the right
@@ -11,10 +11,9 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use ucm::vmexport::build::{
-    ExportVolume, LinkSettings, PodInput, PodSettings, build_pod, build_service, dedup_volumes,
-    links_from_pod,
-};
+use ucm::vmexport::objects::links::{LinkSettings, links_from_pod};
+use ucm::vmexport::objects::pod::{ExportVolume, PodInput, PodSettings, build_pod, dedup_volumes};
+use ucm::vmexport::objects::service::build_service;
 use ucm::vmexport::naming;
 use ucm::vmexport::server::config::from_env;
 use ucm::vmexport::{VirtualMachineExport, VirtualMachineExportSpec};
