@@ -9,7 +9,7 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, 
 
 use crate::conditions;
 use crate::exporter::crd::{Exporter, ExporterStatusValue, Lease};
-use crate::exporter::status::exporter::ONLINE;
+use crate::exporter::decide::exporter::ONLINE;
 use crate::runtime::controller::Guarded;
 
 pub const WRITE_SOURCES: [&str; 6] = [

@@ -20,6 +20,7 @@ pub mod auth;
 pub mod config;
 pub mod context;
 pub mod crd;
+pub mod decide;
 pub mod grpc;
 pub mod lease;
 pub mod login;
@@ -31,7 +32,6 @@ pub mod router;
 pub mod run;
 pub mod settings;
 pub mod startup;
-pub mod status;
 pub mod tls;
 
 use clap::Args as _;

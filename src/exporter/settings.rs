@@ -6,7 +6,7 @@ use jiff::SignedDuration;
 
 use crate::exporter::auth::token::TokenPolicy;
 use crate::exporter::config::ControllerConfig;
-use crate::exporter::status::exporter::StatusSettings;
+use crate::exporter::decide::exporter::StatusSettings;
 use crate::godur;
 
 pub const DEFAULT_ENDPOINT: &str = "localhost:8082";

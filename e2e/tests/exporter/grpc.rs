@@ -666,7 +666,7 @@ async fn an_exporter_that_never_reports_is_available_leased_and_dialled() {
     use kube::api::PostParams;
     use std::io::BufRead;
     use ucm::exporter::crd::{Client, Exporter, ExporterStatusValue as S, Lease};
-    use ucm::exporter::status::exporter::DERIVED_MESSAGE;
+    use ucm::exporter::decide::exporter::DERIVED_MESSAGE;
 
     let lab = Lab::start(
         "grpc-legacy",

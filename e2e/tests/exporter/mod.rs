@@ -28,7 +28,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use ucm::exporter::auth::token::{self, Claims, SigningKey};
 use ucm::exporter::crd::{Exporter, ExporterStatusValue, Lease};
-use ucm::exporter::status::time::rfc3339;
+use ucm::exporter::decide::time::rfc3339;
 
 const SEED: &str = "e2e-controller-key";
 const DAY: i64 = 86_400;

@@ -1,5 +1,5 @@
 //! The Client pass (docs/exporter.md, "The Client pass"): the credential, the status decided by
-//! `crate::exporter::status::client`, one fenced status write when it changed, then the events.
+//! `crate::exporter::decide::client`, one fenced status write when it changed, then the events.
 
 use std::sync::Arc;
 
@@ -11,8 +11,8 @@ use crate::exporter::apply::credential::{Outcome, credential_step};
 use crate::exporter::apply::{emit, gone_is_done, requeue};
 use crate::exporter::context::{Context, Error};
 use crate::exporter::crd::Client;
+use crate::exporter::decide::client as client_status;
 use crate::exporter::own_writes::STALE_RECHECK;
-use crate::exporter::status::client as client_status;
 use crate::runtime::writer::status_merge_patch;
 
 /// The Client pass (docs/exporter.md, "The Client pass").

@@ -20,10 +20,10 @@ use crate::exporter::apply::{controller_ref, emit, has_controller_ref};
 use crate::exporter::auth::token::{self, Claims, MintReason, TokenAction, TokenPolicy};
 use crate::exporter::context::{Context, Error};
 use crate::exporter::crd::{Client, Exporter};
-use crate::exporter::status::credential::{
+use crate::exporter::decide::credential::{
     REASON_SECRET_CONFLICT, credential_name_too_long, secret_conflict,
 };
-use crate::exporter::status::events::{EventSpec, mint_note};
+use crate::exporter::decide::events::{EventSpec, mint_note};
 
 /// An Exporter or a Client: the kinds that hold a credential Secret `<name><SUFFIX>`.
 pub trait Holder: Resource<DynamicType = ()> {

@@ -1,5 +1,5 @@
 //! The Exporter pass (docs/exporter.md, "The Exporter pass"): the credential, the held lease
-//! from the Lease cache, the status decided by `crate::exporter::status::exporter`, one fenced
+//! from the Lease cache, the status decided by `crate::exporter::decide::exporter`, one fenced
 //! status write when it changed, then the transition events.
 
 use std::sync::Arc;
@@ -14,9 +14,9 @@ use crate::exporter::apply::credential::{Outcome, credential_step};
 use crate::exporter::apply::{emit, gone_is_done, requeue};
 use crate::exporter::context::{Caches, Context, Error};
 use crate::exporter::crd::{Exporter, Lease};
+use crate::exporter::decide::exporter::{self as exporter_status, HeldLease};
 use crate::exporter::lease::assign;
 use crate::exporter::own_writes::STALE_RECHECK;
-use crate::exporter::status::exporter::{self as exporter_status, HeldLease};
 use crate::runtime::writer::status_merge_patch;
 
 /// The Exporter pass (docs/exporter.md, "The Exporter pass").

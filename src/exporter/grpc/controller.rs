@@ -26,10 +26,10 @@ use crate::exporter::auth::Authn;
 use crate::exporter::config;
 use crate::exporter::context::Context;
 use crate::exporter::crd::{Device, Exporter, ExporterStatus, ExporterStatusValue, Lease};
+use crate::exporter::decide::exporter::{derive_conditions, is_derived, transition_events};
 use crate::exporter::lease::hooks::{self, HOOK_ON_FAILURE_MD, HOOK_PHASE_MD};
 use crate::exporter::proto::jumpstarter::v1 as pb;
 use crate::exporter::router::token::{self as router_token, RouterKey};
-use crate::exporter::status::exporter::{derive_conditions, is_derived, transition_events};
 use crate::runtime::writer::status_merge_patch;
 
 pub const RECORDS_HOOKS_MD: &str = "jumpstarter-records-lease-hooks";

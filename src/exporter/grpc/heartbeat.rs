@@ -14,7 +14,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::exporter::crd::{ExporterStatus, ExporterStatusValue};
-use crate::exporter::status::exporter::derive_conditions;
+use crate::exporter::decide::exporter::derive_conditions;
 
 /// Jitter is one-sided (+0–10%): the mean spacing stays at or above `W`, so the budget of at
 /// most 3 writes per minute with T = 60 s holds; a symmetric ±10% would average exactly
@@ -178,7 +178,7 @@ pub fn writes_per_minute(w: SignedDuration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exporter::status::exporter::ONLINE;
+    use crate::exporter::decide::exporter::ONLINE;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     const NOW: i64 = 1_800_000_000;

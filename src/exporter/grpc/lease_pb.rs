@@ -13,10 +13,10 @@ use kube::ResourceExt;
 use crate::conditions;
 use crate::exporter::config::ControllerConfig;
 use crate::exporter::crd::{Exporter, ExporterStatusValue, Lease, LeaseSpec, LocalObjectReference};
+use crate::exporter::decide::exporter::ONLINE;
 use crate::exporter::lease::selector;
 use crate::exporter::proto::jumpstarter::client::v1 as cpb;
 use crate::exporter::proto::jumpstarter::v1 as pb;
-use crate::exporter::status::exporter::ONLINE;
 use crate::godur;
 
 /// Lease labels mirroring `spec.tags` carry this prefix (docs/exporter.md, "Lease time fields").

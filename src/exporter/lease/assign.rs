@@ -12,9 +12,9 @@ use crate::exporter::crd::{
     Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, Lease, LeaseQueue, LeaseStatus,
     LocalObjectReference,
 };
+use crate::exporter::decide::exporter::{ONLINE, REGISTERED, owes_after_lease};
 use crate::exporter::lease::queue::{self, QueueKey};
 use crate::exporter::lease::selector;
-use crate::exporter::status::exporter::{ONLINE, REGISTERED, owes_after_lease};
 use crate::godur;
 
 pub const PENDING: &str = "Pending";

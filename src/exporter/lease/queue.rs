@@ -27,9 +27,9 @@ use crate::conditions;
 use crate::exporter::crd::{
     Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, HookPhase, Lease,
 };
+use crate::exporter::decide::exporter::{ONLINE, REGISTERED};
 use crate::exporter::lease::assign::{self, INVALID, UNSATISFIABLE};
 use crate::exporter::lease::selector;
-use crate::exporter::status::exporter::{ONLINE, REGISTERED};
 
 /// Positions (and estimated starts) are exact up to this many leases ahead; a lease further
 /// back shows "more than 100 leases ahead". This bounds the status writes one change of a queue

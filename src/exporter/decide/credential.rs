@@ -5,7 +5,7 @@
 use jiff::{SignedDuration, Timestamp};
 
 use crate::conditions::Desired;
-use crate::exporter::status::time::rfc3339;
+use crate::exporter::decide::time::rfc3339;
 
 pub const TOKEN_EXPIRING: &str = "TokenExpiring";
 

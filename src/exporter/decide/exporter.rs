@@ -12,9 +12,9 @@ use crate::exporter::auth::token::{Claims, TokenPolicy};
 use crate::exporter::crd::{
     Exporter, ExporterStatus, ExporterStatusValue, HookPhase, LeaseHooks, LocalObjectReference,
 };
-use crate::exporter::status::credential::{TOKEN_EXPIRING, expiry_thresholds, token_expiring};
-use crate::exporter::status::events::{EventSpec, NOTE_GRACEFUL};
-use crate::exporter::status::time::{go_time_string, next_delay};
+use crate::exporter::decide::credential::{TOKEN_EXPIRING, expiry_thresholds, token_expiring};
+use crate::exporter::decide::events::{EventSpec, NOTE_GRACEFUL};
+use crate::exporter::decide::time::{go_time_string, next_delay};
 
 pub const ONLINE: &str = "Online";
 pub const REGISTERED: &str = "Registered";
@@ -343,8 +343,8 @@ mod tests {
     use super::*;
     use crate::exporter::auth::token::{AUDIENCE, ISSUER};
     use crate::exporter::crd::{Device, ExporterSpec, HookState};
-    use crate::exporter::status::credential::{DAY, REASON_WITHIN_7};
-    use crate::exporter::status::time::rfc3339;
+    use crate::exporter::decide::credential::{DAY, REASON_WITHIN_7};
+    use crate::exporter::decide::time::rfc3339;
     use kube::api::ObjectMeta;
 
     const NOW: i64 = 1_800_000_000;

@@ -7,9 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::conditions;
 use crate::exporter::auth::token::Claims;
 use crate::exporter::crd::{Client, ClientStatus, LocalObjectReference};
-use crate::exporter::status::credential::{TOKEN_EXPIRING, expiry_thresholds, token_expiring};
-use crate::exporter::status::events::EventSpec;
-use crate::exporter::status::time::{next_delay, rfc3339};
+use crate::exporter::decide::credential::{TOKEN_EXPIRING, expiry_thresholds, token_expiring};
+use crate::exporter::decide::events::EventSpec;
+use crate::exporter::decide::time::{next_delay, rfc3339};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DesiredClientStatus {
@@ -71,7 +71,7 @@ pub fn without_credential(
 
 /// Events after a persisted status write: `TokenExpiringSoon` when `TokenExpiring` became True
 /// (upstream's text). `CredentialCreated` follows the Secret write instead
-/// ([`crate::exporter::status::events::mint_note`]).
+/// ([`crate::exporter::decide::events::mint_note`]).
 pub fn events(name: &str, old: Option<&ClientStatus>, new: &ClientStatus) -> Vec<EventSpec> {
     let mut out = Vec::new();
     let was = old.is_some_and(|s| {
@@ -101,7 +101,7 @@ mod tests {
     use super::*;
     use crate::exporter::auth::token::{AUDIENCE, ISSUER, Invalid, MintReason};
     use crate::exporter::crd::ClientSpec;
-    use crate::exporter::status::events::mint_note;
+    use crate::exporter::decide::events::mint_note;
     use kube::api::ObjectMeta;
 
     const NOW: i64 = 1_800_000_000;
