@@ -291,6 +291,11 @@ impl Counts {
             .sum()
     }
 
+    /// Gets and lists besides those of coordination.k8s.io Leases.
+    pub fn reads_besides_coordination_leases(&self) -> u64 {
+        self.reads - self.lease_requests(|v| matches!(v, "get" | "list"))
+    }
+
     /// Responses with `code` (409: a conflict), leaving out coordination.k8s.io Leases (leader
     /// election, heartbeats), which every figure counts apart.
     pub fn code_besides_coordination_leases(&self, code: u16) -> u64 {

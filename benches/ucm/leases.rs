@@ -43,8 +43,8 @@ const PHASE: &str = "leases";
 const NS: &str = "bench";
 /// The label only the online Exporters carry; every Lease selects it, so each Lease can take any
 /// free online Exporter (the Go controller's measurement does not say which selector it used).
-const POOL: &str = "ucm-bench-pool";
-const ONLINE: &str = "online";
+pub const POOL: &str = "ucm-bench-pool";
+pub const ONLINE: &str = "online";
 /// The reference's status patch interval; the offline threshold is 60 s.
 const REFRESH: Duration = Duration::from_secs(20);
 const IDLE: Duration = Duration::from_secs(20);
@@ -66,15 +66,15 @@ fn go(extra: &str) -> String {
     format!("Go controller, N=5,000: peer-figures.md, jumpstarter b1f2bb41, 2026-12-01{extra}")
 }
 
-fn exporter_name(i: usize) -> String {
+pub fn exporter_name(i: usize) -> String {
     format!("exp-{i:05}")
 }
 
-fn is_online(i: usize) -> bool {
+pub fn is_online(i: usize) -> bool {
     i.is_multiple_of(10)
 }
 
-fn exporter(i: usize, run: &str) -> Exporter {
+pub fn exporter(i: usize, run: &str) -> Exporter {
     let mut labels = json!({ LABEL: run });
     if is_online(i) {
         labels[POOL] = json!(ONLINE);
@@ -116,11 +116,11 @@ fn is_true(conds: Option<&Vec<Condition>>, t: &str) -> bool {
         .any(|c| c.type_ == t && c.status == "True")
 }
 
-fn client_done(c: &Client) -> bool {
+pub fn client_done(c: &Client) -> bool {
     c.status.as_ref().is_some_and(|s| s.credential.is_some())
 }
 
-fn online_done(e: &Exporter) -> bool {
+pub fn online_done(e: &Exporter) -> bool {
     let conds = e.status.as_ref().and_then(|s| s.conditions.as_ref());
     is_true(conds, "Online") && is_true(conds, "Registered")
 }
@@ -152,7 +152,7 @@ fn online_status(uuid: &str) -> Value {
 
 /// Merge-patches each object (its status when `status`), `CONCURRENCY` at a time; returns the
 /// errors.
-async fn patch_all<K>(api: &Api<K>, items: Vec<(String, Value)>, status: bool) -> Vec<String>
+pub async fn patch_all<K>(api: &Api<K>, items: Vec<(String, Value)>, status: bool) -> Vec<String>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -172,7 +172,7 @@ where
         .await
 }
 
-fn online_patches(devices: &[(String, String)]) -> Vec<(String, Value)> {
+pub fn online_patches(devices: &[(String, String)]) -> Vec<(String, Value)> {
     devices
         .iter()
         .map(|(name, uuid)| (name.clone(), online_status(uuid)))
@@ -181,7 +181,7 @@ fn online_patches(devices: &[(String, String)]) -> Vec<(String, Value)> {
 
 /// The exporters' processes, as far as the API server sees them: the same status patch every
 /// 20 s.
-fn keep_online(
+pub fn keep_online(
     api: Api<Exporter>,
     devices: Arc<Vec<(String, String)>>,
 ) -> tokio::task::JoinHandle<()> {

@@ -174,6 +174,34 @@ impl Proc {
             .sum()
     }
 
+    /// The histogram `name` of the series with `label` (e.g. `controller="lease"`).
+    pub async fn histogram(&self, name: &str, label: &str) -> Histogram {
+        let text = http_get(self.metrics_port, "/metrics")
+            .await
+            .map(|r| r.1)
+            .unwrap_or_default();
+        let mut h = Histogram::default();
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(label))
+        {
+            let Some((series, v)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let v: f64 = v.parse().unwrap_or(0.0);
+            match &series[name.len()..] {
+                s if s.starts_with("_sum") => h.sum = v,
+                s if s.starts_with("_count") => h.count = v,
+                s => {
+                    let le = s.split("le=\"").nth(1).and_then(|x| x.split('"').next());
+                    let le = le.and_then(|x| x.parse().ok()).unwrap_or(f64::INFINITY);
+                    h.buckets.push((le, v));
+                }
+            }
+        }
+        h
+    }
+
     pub fn tail(&self) -> String {
         let s = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = s.lines().collect();
@@ -212,5 +240,28 @@ pub async fn wait_agent_leases(client: &kube::Client, nodes: &[&str]) {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+/// A Prometheus histogram as scraped: count, sum, and the cumulative buckets (bound, count).
+#[derive(Debug, Default, Clone)]
+pub struct Histogram {
+    pub count: f64,
+    pub sum: f64,
+    pub buckets: Vec<(f64, f64)>,
+}
+
+impl Histogram {
+    /// The observations since `before`: their number, mean, and `q`-quantile as the upper bound
+    /// of its bucket.
+    pub fn since(&self, before: &Histogram, q: f64) -> (f64, f64, f64) {
+        let n = self.count - before.count;
+        let quantile = self
+            .buckets
+            .iter()
+            .zip(&before.buckets)
+            .find(|((_, c1), (_, c0))| c1 - c0 >= q * n)
+            .map_or(f64::NAN, |((le, _), _)| *le);
+        (n, (self.sum - before.sum) / n, quantile)
     }
 }

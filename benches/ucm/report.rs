@@ -156,6 +156,10 @@ pub const PHASE_TITLES: &[(&str, &str)] = &[
         "leases",
         "Exporter feature against the upstream Go controller (Exporters, Clients, Leases)",
     ),
+    (
+        "queue",
+        "Lease scheduler: 2,000 Leases, three priorities, 50 exporters",
+    ),
     ("grpc", "Simulated exporters holding Status streams"),
     ("barrier", "Snapshot barrier"),
     ("failover", "Leader failover (default lease settings)"),
@@ -167,16 +171,28 @@ pub const PHASE_TITLES: &[(&str, &str)] = &[
 ];
 
 /// A paragraph under a phase's title, where its table needs one.
-pub const PHASE_INTROS: &[(&str, &str)] = &[(
-    "leases",
-    "Issue 17: the load the upstream Jumpstarter Go controller was measured with \
-     (`../shared/reference/peer-figures.md`): 5,000 Exporters in one namespace, 500 Clients, \
-     every tenth Exporter online, then 50 and 500 Leases. The reference column is the Go \
-     controller's figure at N=5,000 (jumpstarter b1f2bb41, measured 2026-12-01), since the \
-     issue's goals are stated against it; the bare client measured in the same run is in the \
-     notes. The manager runs with the shipped defaults: every feature, `--leader-elect`, the \
-     default worker count.",
-)];
+pub const PHASE_INTROS: &[(&str, &str)] = &[
+    (
+        "leases",
+        "Issue 17: the load the upstream Jumpstarter Go controller was measured with \
+         (`../shared/reference/peer-figures.md`): 5,000 Exporters in one namespace, 500 Clients, \
+         every tenth Exporter online, then 50 and 500 Leases. The reference column is the Go \
+         controller's figure at N=5,000 (jumpstarter b1f2bb41, measured 2026-12-01), since the \
+         issue's goals are stated against it; the bare client measured in the same run is in the \
+         notes. The manager runs with the shipped defaults: every feature, `--leader-elect`, the \
+         default worker count.",
+    ),
+    (
+        "queue",
+        "The lease scheduler (README, \"How leases are scheduled\"; docs/exporter.md, \"Lease \
+         scheduling\"): 5,000 Exporters, 500 online, 2,000 Leases competing for the 50 online \
+         Exporters of one label at three ExporterAccessPolicy priorities, each Lease released as \
+         soon as it is assigned. The scheduling decision reads caches only; the figures are its \
+         passes, their cost, and the status writes of waiting Leases per change of what they \
+         show. The phase fails unless every Lease is assigned exactly once, no exporter holds two \
+         active Leases, and no Lease is passed over for a later Lease of its priority.",
+    ),
+];
 
 pub fn render_markdown(r: &Results, methods: &str) -> String {
     let mut out = String::from("# ucm benchmark results\n\n");
