@@ -52,8 +52,8 @@ const WAIT_KEYS: [&str; 3] = ["queue.wait.high", "queue.wait.mid", "queue.wait.l
 /// system does. Nothing limits the active Leases of one Client, here or upstream.
 const CLIENTS_PER_TIER: usize = 3;
 /// Generous: each waiting Lease's pass queues behind the others' (an estimate, not yet measured:
-/// 5–15 min on 2 cores), and a timeout loses the run.
-const ALL_ASSIGNED: Duration = Duration::from_secs(40 * 60);
+/// 10–40 min on 2 cores), and a timeout loses the run.
+const ALL_ASSIGNED: Duration = Duration::from_secs(60 * 60);
 const RECONCILE: &str = "controller_runtime_reconcile_time_seconds";
 const LEASE_CTL: &str = "controller=\"lease\"";
 
