@@ -336,7 +336,7 @@ fn figures(n: usize, l: usize, k: usize, s: &Samples, bd: &BTreeMap<&str, String
             )),
         fig("pass_ms", format!("{load}: mean lease pass (reconcile time)"), "ms", "queue.pass_ms")
             .note(format!(
-                "controller_runtime_reconcile_time_seconds{{controller=\"lease\"}} from the manager's /metrics, from the first create until the manager was quiet after the last release; includes the status writes. p99 bucket bound: {:.0} ms. Passes per assignment: {:.1} (each assignment and each release changes an Exporter's leaseRef, which wakes every waiting Lease selecting it; the Leases behind one leaving the queue are woken within 1 s). Last run: {}. {cost}",
+                "controller_runtime_reconcile_time_seconds{{controller=\"lease\"}} from the manager's /metrics, from the first create until the manager was quiet after the last release; includes the status writes. p99 bucket bound: {:.0} ms. Passes per assignment: {:.1} (each assignment and each release changes an Exporter's leaseRef, which wakes the waiting Leases selecting it that show a position; the Leases behind one leaving the queue are woken within 1 s). Last run: {}. {cost}",
                 med("queue.pass_p99_ms"), med("queue.passes_per_assignment"), bd("passes")
             )),
         fig("cpu_per_pass_ms", format!("{load}: manager CPU per lease pass"), "ms", "queue.cpu_per_pass_ms")
