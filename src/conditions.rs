@@ -73,10 +73,11 @@ impl<'a> Desired<'a> {
 /// `now` truncated to whole seconds: metav1.Time serialises at second precision, so a
 /// sub-second value would differ after a round trip and cause a write on every reconcile.
 pub fn now() -> Time {
-    truncate(jiff::Timestamp::now())
+    time(jiff::Timestamp::now())
 }
 
-pub fn truncate(ts: jiff::Timestamp) -> Time {
+/// The metav1 `Time` of `ts`, at whole seconds (`runtime::time::whole_seconds`).
+pub fn time(ts: jiff::Timestamp) -> Time {
     Time(crate::runtime::time::whole_seconds(ts))
 }
 

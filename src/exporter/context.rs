@@ -59,9 +59,12 @@ pub struct Caches {
     pub secrets: Store<PartialObjectMeta<Secret>>,
 }
 
+/// A failed step of a pass. Each variant names the step; the cause is its `source`, so the
+/// runtime's `error_chain` prints it once.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(transparent)]
+    /// A write of the pass (status, child, finalizer); the cause is the source.
+    #[error("write")]
     Write(#[from] WriteError),
     /// A credential Secret the metadata cache knows, read for its token.
     #[error("read Secret {0}")]
@@ -111,7 +114,13 @@ mod tests {
         assert_eq!(e.to_string(), "read Secret e1-exporter");
         let chain = crate::runtime::controller::error_chain(&e);
         assert!(chain.starts_with("read Secret e1-exporter: "), "{chain}");
+        assert_eq!(chain.matches("is forbidden: ").count(), 1, "{chain}");
         assert_eq!(e.metric_label(), "forbidden");
+        let e = Error::Write(WriteError::Kube(forbidden()));
+        assert_eq!(e.to_string(), "write");
+        let chain = crate::runtime::controller::error_chain(&e);
+        assert!(chain.starts_with("write: ApiError: "), "{chain}");
+        assert_eq!(chain.matches("is forbidden: ").count(), 1, "{chain}");
         let e = Error::ConfirmUnsatisfiable("l1".into(), forbidden());
         assert!(e.to_string().contains("Lease l1"), "{e}");
         assert!(!e.is_conflict());

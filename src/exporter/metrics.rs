@@ -262,7 +262,7 @@ mod tests {
             &mut conds,
             conditions::Desired::new(ONLINE, online, "Seen", ""),
             None,
-            &conditions::truncate(Timestamp::UNIX_EPOCH),
+            &conditions::time(Timestamp::UNIX_EPOCH),
         );
         Exporter {
             metadata: Default::default(),

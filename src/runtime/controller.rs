@@ -574,13 +574,21 @@ pub async fn run<K, C, E, F, Fut>(
         .await;
 }
 
-/// `a: b: c` for an error and its sources, logged once where the run stream is drained.
+/// `a: b: c` for an error and its sources, logged once where the run stream is drained. Our
+/// errors keep the cause as `source` and leave it out of their own message; a cause whose text
+/// the link before it already printed (kube's `Error::Api` shows its `Status` and also returns it
+/// as the source) is skipped, so each cause is printed once.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
+    let mut prev = e.to_string();
+    let mut s = prev.clone();
     let mut cur = e.source();
     while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
+        let text = c.to_string();
+        if !prev.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        prev = text;
         cur = c.source();
     }
     s
@@ -589,6 +597,28 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_error_chain_prints_a_cause_its_parent_already_shows_once() {
+        let e = crate::runtime::writer::WriteError::Kube(kube::Error::Api(Box::new(
+            kube::core::Status {
+                code: 403,
+                message: "leases is forbidden".into(),
+                reason: "Forbidden".into(),
+                ..Default::default()
+            },
+        )));
+        let chain = error_chain(&e);
+        assert_eq!(
+            chain.matches("leases is forbidden: Forbidden").count(),
+            1,
+            "{chain}"
+        );
+        assert!(
+            chain.starts_with("ApiError: leases is forbidden"),
+            "{chain}"
+        );
+    }
 
     #[test]
     fn except_status_hash_ignores_only_the_named_fields_and_write_bookkeeping() {

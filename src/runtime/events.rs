@@ -150,7 +150,7 @@ impl Publisher {
                     .await
                 {
                     // The first Event expired on the server: a new one.
-                    Err(kube::Error::Api(s)) if s.code == 404 => {
+                    Err(e) if super::writer::is_not_found(&e) => {
                         self.seen.lock().expect("lock").start(key, name, now)
                     }
                     other => return other.map(drop),

@@ -30,6 +30,7 @@ pub mod meta;
 pub mod metrics;
 pub mod rbac;
 pub mod shutdown;
+pub mod text;
 pub mod time;
 pub mod timers;
 pub mod trim;

@@ -28,13 +28,7 @@ pub fn message(path: &str, error: &str) -> String {
     let mut m = format!(
         "ucm cannot read field {path}: {error}; fix or remove that field (timestamps must be at most 9999-12-30T00:00:00Z); until then ucm ignores this object"
     );
-    if m.len() > 1000 {
-        let mut cut = 1000;
-        while !m.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        m.truncate(cut);
-    }
+    super::text::cut_at_char_boundary(&mut m, 1000);
     m
 }
 

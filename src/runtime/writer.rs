@@ -39,6 +39,16 @@ pub fn is_fenced_out(e: &kube::Error) -> bool {
     }
 }
 
+/// The object (or its namespace) does not exist: HTTP 404.
+pub fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// A create found the name taken: HTTP 409, reason AlreadyExists.
+pub fn is_already_exists(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists")
+}
+
 impl WriteError {
     /// The object changed since it was read ([`is_fenced_out`]); the caller reconciles again
     /// from fresh state.
@@ -46,13 +56,14 @@ impl WriteError {
         matches!(self, WriteError::Kube(e) if is_fenced_out(e))
     }
 
+    /// [`is_not_found`] of the API server's answer.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, WriteError::Kube(kube::Error::Api(s)) if s.code == 404)
+        matches!(self, WriteError::Kube(e) if is_not_found(e))
     }
 
-    /// A create found the name taken (HTTP 409, reason AlreadyExists).
+    /// [`is_already_exists`] of the API server's answer.
     pub fn is_already_exists(&self) -> bool {
-        matches!(self, WriteError::Kube(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists")
+        matches!(self, WriteError::Kube(e) if is_already_exists(e))
     }
 
     pub fn is_forbidden(&self) -> bool {
@@ -261,13 +272,7 @@ impl Writer {
             return;
         }
         let mut note: String = note.into();
-        if note.len() > 1000 {
-            let mut cut = 1000;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
+        super::text::cut_at_char_boundary(&mut note, 1000);
         let ev = Occurrence {
             type_,
             reason,

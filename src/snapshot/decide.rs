@@ -13,8 +13,9 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::context::Settings;
-use super::round::{self, RoundView, after, clock, elapsed, format_stamp, human, parse_stamp};
+use super::round::{RoundView, clock, elapsed, format_stamp, human, parse_stamp};
 use super::types::{FINALIZER_PREFIX, MiroirSnapshot, MiroirVolume, SlotState, teardown_finalizer};
+use crate::runtime::time::{after, whole_seconds};
 
 /// Everything the manager looks at for one snapshot.
 #[derive(Clone, Copy, Debug)]
@@ -368,9 +369,9 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
                     note: msg,
                 }),
                 result: Some(result),
-                requeue_at: Some(after(round::truncate(o.now), s.void_backoff)),
+                requeue_at: Some(after(whole_seconds(o.now), s.void_backoff)),
             };
-        let retry_at = clock(after(round::truncate(o.now), s.void_backoff));
+        let retry_at = clock(after(whole_seconds(o.now), s.void_backoff));
 
         // Row 6: an Error slot voids the round at once (I6).
         if let Some(node) = r.first_error() {
@@ -509,7 +510,7 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
     }
 
     // Row 13: open. A new stamp must differ from the last one (docs/snapshot.md, "Objects").
-    let now = round::truncate(o.now);
+    let now = whole_seconds(o.now);
     if let Some(prev) = stamp
         && now <= prev
     {

@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde_json::{Value, json};
 
 use super::types::{MiroirSnapshot, MiroirSnapshotStatus, SlotState};
+use crate::runtime::time::whole_seconds;
 
 /// Parses a `suspendedAt` stamp. Unparseable stamps are treated by callers as "expired".
 pub fn parse_stamp(s: &str) -> Option<Timestamp> {
@@ -17,10 +18,8 @@ pub fn parse_stamp(s: &str) -> Option<Timestamp> {
 
 /// RFC 3339 UTC with second precision (docs/snapshot.md, "Objects").
 pub fn format_stamp(ts: Timestamp) -> String {
-    truncate(ts).to_string()
+    whole_seconds(ts).to_string()
 }
-
-pub use crate::runtime::time::{after, before, whole_seconds as truncate};
 
 /// Non-negative time from `from` to `to`.
 pub fn elapsed(from: Timestamp, to: Timestamp) -> Duration {
@@ -284,6 +283,7 @@ pub fn finalizers_patch(uid: &str, resource_version: &str, finalizers: &[String]
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::time::after;
 
     /// Applies a patch body the way the API server does (RFC 6902, all or nothing).
     fn apply(doc: &mut Value, p: Value) -> Result<(), json_patch::PatchError> {

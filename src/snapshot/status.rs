@@ -24,7 +24,7 @@ pub(super) fn desired_conditions(
             &mut conds,
             Desired::new(READY, r.status, r.reason, r.message.clone()),
             snap.metadata.generation,
-            &conditions::truncate(now),
+            &conditions::time(now),
         ),
         None => false,
     };

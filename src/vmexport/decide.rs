@@ -26,6 +26,7 @@ use super::sources::kind::{SourceKind, token_secret_ref_problem};
 use super::sources::{Source, unavailable};
 use super::types::{Condition, VirtualMachineExport, VirtualMachineExportStatus};
 use crate::conditions::{remove_kubevirt, set_kubevirt_condition};
+use crate::runtime::meta::controlled_by;
 
 /// What a pass read, all from caches.
 #[derive(Clone)]
@@ -203,7 +204,7 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
     let export = &o.export;
     let ns = export.namespace().unwrap_or_default();
     let name = export.name_any();
-    let now = crate::conditions::truncate(now_ts);
+    let now = crate::conditions::time(now_ts);
     let created = export
         .metadata
         .creation_timestamp
@@ -474,11 +475,6 @@ impl Failed {
     ];
 }
 
-/// Whether `meta` carries this export's controller reference (its uid).
-pub(super) fn controlled_by(meta: &ObjectMeta, export: &VirtualMachineExport) -> bool {
-    crate::runtime::meta::controlled_by(meta, &export.uid().unwrap_or_default())
-}
-
 /// The conflict for an existing `kind` object this export does not control.
 pub(super) fn conflict(
     reason: &'static str,
@@ -487,7 +483,7 @@ pub(super) fn conflict(
     export: &VirtualMachineExport,
     advice: &str,
 ) -> Option<Failed> {
-    (!controlled_by(meta, export)).then(|| Failed {
+    (!controlled_by(meta, &export.uid().unwrap_or_default())).then(|| Failed {
         reason,
         message: format!(
             "{kind} {}/{} already exists and is not controlled by this VirtualMachineExport; ucm leaves it untouched. {advice}",

@@ -16,7 +16,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::conditions;
-use crate::exporter::apply::{controller_ref, emit, has_controller_ref};
+use crate::exporter::apply::{controller_ref, emit};
 use crate::exporter::auth::token::{self, Claims, MintReason, TokenAction, TokenPolicy};
 use crate::exporter::context::{Context, Error};
 use crate::exporter::crd::{Client, Exporter};
@@ -24,6 +24,7 @@ use crate::exporter::decide::credential::{
     REASON_SECRET_CONFLICT, credential_name_too_long, secret_conflict,
 };
 use crate::exporter::decide::events::{EventSpec, mint_note};
+use crate::runtime::meta::controlled_by;
 
 /// An Exporter or a Client: the kinds that hold a credential Secret `<name><SUFFIX>`.
 pub trait Holder: Resource<DynamicType = ()> {
@@ -298,7 +299,7 @@ async fn credential_pass(
         action => action,
     };
     if let Some(secret) = &existing
-        && !has_controller_ref(&secret.meta, owner)
+        && !controlled_by(&secret.meta, &owner.uid)
         && !matches!(&action, TokenAction::Keep(c) if c.holder.as_deref() == Some(holder.as_str()))
     {
         return Ok(Credential::Conflict);
@@ -312,7 +313,7 @@ async fn credential_pass(
         TokenAction::Keep(claims) => {
             let secret = existing.expect("a kept token was stored");
             let token = Ok(claims.clone());
-            if has_controller_ref(&secret.meta, owner) {
+            if controlled_by(&secret.meta, &owner.uid) {
                 remember(&secret.meta, token);
             } else {
                 let mut refs = secret.meta.owner_references.clone().unwrap_or_default();
@@ -349,7 +350,7 @@ async fn credential_pass(
                 }
                 Some(secret) => {
                     let mut refs = secret.meta.owner_references.clone().unwrap_or_default();
-                    if !has_controller_ref(&secret.meta, owner) {
+                    if !controlled_by(&secret.meta, &owner.uid) {
                         refs.retain(|r| r.controller != Some(true));
                         refs.push(owner.clone());
                     }

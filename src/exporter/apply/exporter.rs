@@ -78,7 +78,7 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Context>) -> Result<Act
             conds,
             problem,
             exporter.metadata.generation,
-            &conditions::truncate(now),
+            &conditions::time(now),
         );
     }
     if desired.replaced_owing_record {

@@ -13,7 +13,7 @@ use serde_json::{Map, json};
 use tracing::info;
 
 use crate::conditions;
-use crate::exporter::apply::{controller_ref, gone_is_done, has_controller_ref, requeue};
+use crate::exporter::apply::{controller_ref, gone_is_done, requeue};
 use crate::exporter::context::{Caches, Context, Error};
 use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
 use crate::exporter::lease::assign::{
@@ -22,6 +22,7 @@ use crate::exporter::lease::assign::{
 use crate::exporter::lease::queue;
 use crate::exporter::observe::readable;
 use crate::exporter::own_writes::STALE_RECHECK;
+use crate::runtime::meta::controlled_by;
 use crate::runtime::writer::status_merge_patch;
 
 /// The Lease pass (docs/exporter.md, "The Lease pass"): decide, write status, count, then metadata.
@@ -247,7 +248,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Erro
             .filter_map(|g| g.0.as_ref().ok())
             .find(|e| e.metadata.name.as_deref() == Some(exporter_name))
         && let Some(owner) = controller_ref(exporter)
-        && !has_controller_ref(&lease.metadata, &owner)
+        && !controlled_by(&lease.metadata, &owner.uid)
     {
         owners.retain(|r| r.controller != Some(true));
         owners.push(owner);

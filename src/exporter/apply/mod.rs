@@ -12,7 +12,6 @@ pub mod lease;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
-use kube::api::ObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
@@ -26,10 +25,6 @@ pub(crate) fn controller_ref<K: Resource<DynamicType = ()>>(obj: &K) -> Option<O
     let mut owner = obj.controller_owner_ref(&())?;
     owner.block_owner_deletion = Some(true);
     Some(owner)
-}
-
-pub(crate) fn has_controller_ref(meta: &ObjectMeta, owner: &OwnerReference) -> bool {
-    crate::runtime::meta::controlled_by(meta, &owner.uid)
 }
 
 /// Publishes the events of one pass in order, off the pass's critical path: an event is a

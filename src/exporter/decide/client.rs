@@ -35,7 +35,7 @@ pub fn desired_status(
         &mut conds,
         token_expiring(token.expires_at(), now),
         client.metadata.generation,
-        &conditions::truncate(now),
+        &conditions::time(now),
     );
     status.conditions = Some(conds);
     // OURS: wake at the next TokenExpiring threshold instead of every 24 h.
@@ -63,7 +63,7 @@ pub fn without_credential(
         &mut conds,
         problem,
         client.metadata.generation,
-        &conditions::truncate(now),
+        &conditions::time(now),
     );
     status.conditions = Some(conds);
     status

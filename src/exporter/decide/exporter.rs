@@ -115,7 +115,7 @@ pub fn desired_status(
             &mut conditions,
             token_expiring(claims.expires_at(), now),
             generation,
-            &conditions::truncate(now),
+            &conditions::time(now),
         );
     }
     status.conditions = Some(conditions);
@@ -182,7 +182,7 @@ pub fn derive_conditions(
     now: Timestamp,
 ) {
     let t = human_threshold(threshold);
-    let stamp = conditions::truncate(now);
+    let stamp = conditions::time(now);
     let online = match status.last_seen.as_ref().map(|t| t.0) {
         None => {
             status.status_message = Some("Never seen".into());

@@ -481,11 +481,12 @@ impl cpb::client_service_server::ClientService for Arc<ClientApi> {
                 &Patch::Merge(json!({ "data": data })),
             )
             .await
-            .map_err(|e| match &e {
-                WriteError::Kube(kube::Error::Api(s)) if s.code == 404 => {
+            .map_err(|e| {
+                if e.is_not_found() {
                     Status::failed_precondition("the client has no credential yet; retry later")
+                } else {
+                    write_error(&e, "store the rotated token")
                 }
-                _ => write_error(&e, "store the rotated token"),
             })?;
         info!(client = %caller.name, namespace = %ns, "client token rotated");
         Ok(Response::new(cpb::RotateTokenResponse {

@@ -213,7 +213,7 @@ impl Controller {
     }
 
     fn now_time() -> Time {
-        conditions::truncate(Timestamp::now())
+        conditions::time(Timestamp::now())
     }
 
     /// The Status message for `exp` (from `leaseRef`; the client from the lease's `clientRef`).
@@ -266,7 +266,7 @@ impl Controller {
             self.ctx.settings.status.offline_threshold,
             now,
         );
-        let seen = conditions::truncate(now);
+        let seen = conditions::time(now);
         if kind == heartbeat::Write::LastSeenOnly {
             let patch: json_patch::Patch = serde_json::from_value(
                 json!([{"op": "add", "path": "/status/lastSeen", "value": seen}]),

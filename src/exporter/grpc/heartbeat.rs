@@ -61,7 +61,7 @@ pub fn write_kind(
     now: Timestamp,
 ) -> Write {
     let mut next = status.clone();
-    next.last_seen = Some(crate::conditions::truncate(now));
+    next.last_seen = Some(crate::conditions::time(now));
     let mut conds: Vec<Condition> = next.conditions.take().unwrap_or_default();
     derive_conditions(&mut next, &mut conds, generation, threshold, now);
     next.conditions = Some(conds);
@@ -246,7 +246,7 @@ mod tests {
                 worst_age = worst_age.max(due.duration_since(s));
             }
             now = due + SignedDuration::from_millis(40);
-            stored = Some(crate::conditions::truncate(now).0);
+            stored = Some(crate::conditions::time(now).0);
             own = Some(now);
             writes += 1;
         }

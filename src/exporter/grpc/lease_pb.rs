@@ -279,8 +279,8 @@ pub fn spec_times(spec: &LeaseSpec) -> TimeFields {
 
 /// Writes time fields into a spec at whole seconds (docs/exporter.md, "Objects").
 pub fn set_spec_times(spec: &mut LeaseSpec, t: TimeFields) {
-    spec.begin_time = t.begin.map(conditions::truncate);
-    spec.end_time = t.end.map(conditions::truncate);
+    spec.begin_time = t.begin.map(conditions::time);
+    spec.end_time = t.end.map(conditions::time);
     spec.duration = t.duration.map(godur::format_signed);
 }
 

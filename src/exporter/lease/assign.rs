@@ -293,11 +293,7 @@ fn decide_inner(inp: &AssignInputs<'_>, behind: &mut Vec<String>) -> Assignment 
         } else {
             let mut desc = unmatched.join("; ");
             if desc.len() > MAX_DESCRIPTIONS {
-                let mut cut = MAX_DESCRIPTIONS;
-                while !desc.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                desc.truncate(cut);
+                crate::runtime::text::cut_at_char_boundary(&mut desc, MAX_DESCRIPTIONS);
                 desc.push_str("...");
             }
             format!("{base}. Matching policies: {desc}")
@@ -414,7 +410,7 @@ fn queue_tail(
             )
         })
         .flatten()
-        .map(|t| conditions::truncate(t).0);
+        .map(|t| conditions::time(t).0);
     // An estimate that moved less than a minute, or that says "now" again, keeps its last
     // value: no write for jitter.
     if let (Some(new), Some(old)) = (
@@ -508,7 +504,7 @@ fn queue_tail(
                     .filter(|q| q.preempting.as_deref() == Some(victim_name.as_str()))
                     .and_then(|q| q.preempt_at.as_ref())
                     .map(|t| t.0)
-                    .unwrap_or_else(|| conditions::truncate(now + grace).0);
+                    .unwrap_or_else(|| conditions::time(now + grace).0);
                 status.preempting = Some(victim_name.clone());
                 status.preempt_at = Some(Time(at));
                 return queued(
@@ -617,7 +613,7 @@ pub fn approved_candidates(
 /// The status of a spot lease that `by` preempted: ended, with `Ended` (reason `Preempted`)
 /// naming the preempting lease, and `Ready` false.
 pub fn preempted_status(victim: &Lease, by: &str, now: Timestamp) -> LeaseStatus {
-    let stamp = conditions::truncate(now);
+    let stamp = conditions::time(now);
     let generation = victim.metadata.generation;
     let mut status = victim.status.clone().unwrap_or_default();
     let mut conds = status.conditions.take().unwrap_or_default();
@@ -890,7 +886,7 @@ pub fn expiration(lease: &Lease, duration: Option<SignedDuration>) -> Option<Tim
 /// exporter (the caller skips the decision otherwise).
 pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestamp) -> LeaseOutcome {
     let generation = lease.metadata.generation;
-    let stamp = conditions::truncate(now);
+    let stamp = conditions::time(now);
     let mut status = lease.status.clone().unwrap_or_default();
     let mut conds = status.conditions.take().unwrap_or_default();
     let mut requeue_after = None;

@@ -39,7 +39,7 @@ fn meta(name: &str, l: &[(&str, &str)]) -> ObjectMeta {
 /// An exporter that is registered and online, reporting `Available`.
 fn online(name: &str, l: &[(&str, &str)]) -> Exporter {
     let mut conds = Vec::new();
-    let now = conditions::truncate(ts(NOW));
+    let now = conditions::time(ts(NOW));
     conditions::set(
         &mut conds,
         Desired::new(ONLINE, true, "Seen", ""),

@@ -143,14 +143,9 @@ pub struct Report<'a> {
 }
 
 fn cap(msg: &str) -> String {
-    if msg.len() <= MESSAGE_LIMIT {
-        return msg.to_string();
-    }
-    let mut cut = MESSAGE_LIMIT;
-    while !msg.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    msg[..cut].to_string()
+    let mut msg = msg.to_string();
+    crate::runtime::text::cut_at_char_boundary(&mut msg, MESSAGE_LIMIT);
+    msg
 }
 
 /// What the table decides for one hook.

@@ -381,7 +381,7 @@ fn who_holds_an_exporter_is_not_what_every_waiting_lease_reads() {
         .conditions
         .get_or_insert_default();
     let desired = crate::conditions::Desired::new(ONLINE, true, "Seen", "");
-    conditions::set(conds, desired, Some(1), &conditions::truncate(ts(NOW)));
+    conditions::set(conds, desired, Some(1), &conditions::time(ts(NOW)));
     assert_ne!(
         shared_signature(&online),
         sig,

@@ -14,10 +14,12 @@ use tracing::{debug, error, info, warn};
 use super::barrier;
 use super::decide::{self};
 use super::journal::Entry;
-use crate::snapshot::round::{self, RoundView, after};
+use crate::runtime::time::after;
+use crate::snapshot::round::{self, RoundView};
 use crate::snapshot::types::{MiroirSnapshot, MiroirVolume, SlotState, teardown_finalizer};
 
-use super::context::{Context, Next, RoundKey, event, is_not_found, soon};
+use super::context::{Context, Next, RoundKey, event, soon};
+use crate::runtime::writer::is_not_found;
 
 impl Context {
     /// The fenced slot write (docs/snapshot.md, "Slot writes").

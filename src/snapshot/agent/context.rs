@@ -25,7 +25,8 @@ use tracing::debug;
 use super::backend::Backend;
 use super::barrier::Barrier;
 use super::journal::{Entry, Journal};
-use crate::snapshot::round::{RoundView, after, elapsed, parse_stamp};
+use crate::runtime::time::after;
+use crate::snapshot::round::{RoundView, elapsed, parse_stamp};
 use crate::snapshot::types::{MiroirSnapshot, MiroirVolume, SlotState};
 
 use super::metrics::AgentMetrics;
@@ -139,10 +140,6 @@ pub fn merge_seen(s: &mut MiroirSnapshot, seen: &mut BTreeMap<String, SlotState>
     for (node, state) in seen.iter() {
         slots.insert(node.clone(), *state);
     }
-}
-
-pub(super) fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
 impl Context {

@@ -8,7 +8,8 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::context::Settings;
-use crate::snapshot::round::{RoundView, after, before, parse_stamp};
+use crate::runtime::time::{after, before};
+use crate::snapshot::round::{RoundView, parse_stamp};
 use crate::snapshot::types::{MiroirSnapshot, MiroirVolume, SlotState, teardown_finalizer};
 
 /// What the journal records for this snapshot (matched by uid): the round this agent raised a

@@ -45,7 +45,7 @@ pub(super) async fn heartbeat(
             .await;
         let res = match patched {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => {
+            Err(e) if crate::runtime::writer::is_not_found(&e) => {
                 let lease = Lease {
                     metadata: kube::api::ObjectMeta {
                         name: Some(name.clone()),

@@ -13,7 +13,8 @@ use tracing::{error, info, warn};
 
 use super::decide::{self, Held, Step};
 use super::journal::Entry;
-use crate::snapshot::round::{RoundView, after, elapsed, parse_stamp};
+use crate::runtime::time::after;
+use crate::snapshot::round::{RoundView, elapsed, parse_stamp};
 use crate::snapshot::types::{MiroirSnapshot, SlotState};
 
 use super::context::{Context, Next, RoundKey, event, merge_seen};
