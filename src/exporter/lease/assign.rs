@@ -541,20 +541,6 @@ fn queue_tail(
     queued("NotReady", message, status, None)
 }
 
-/// A lease's candidates for the queue (docs/exporter.md, "Lease scheduling"): the exporters
-/// it may be given (matching, enabled unless allowed, approved; online or not) and its
-/// priority, the highest of the rules that approve it. None when it can never get one.
-pub fn candidates(
-    lease: &Lease,
-    exporters: &[&Exporter],
-    policies: &[&ExporterAccessPolicy],
-    client: Option<&Client>,
-    now: Timestamp,
-) -> Option<(i64, std::collections::BTreeSet<String>)> {
-    let matching = matching(lease, exporters)?;
-    approved_candidates(lease, &matching, policies, client, now)
-}
-
 /// The exporters `lease` selects (its pinned exporter or its selector), enabled unless it allows
 /// a disabled pinned one; None when its selector is invalid or it selects nothing at all. Leases
 /// with the same pinned exporter, selector and `allowDisabled` select the same.
@@ -580,7 +566,9 @@ pub fn matching<'e>(lease: &Lease, exporters: &[&'e Exporter]) -> Option<Vec<&'e
     )
 }
 
-/// [`candidates`] from the exporters the lease selects ([`matching`]).
+/// A lease's candidates for the queue (docs/exporter.md, "Lease scheduling"), from the exporters
+/// it selects ([`matching`]): those a policy rule approves for it (online or not), and its
+/// priority, the highest of the rules that approve it. None when it can never get one.
 pub fn approved_candidates(
     lease: &Lease,
     matching: &[&Exporter],
