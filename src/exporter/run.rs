@@ -161,7 +161,9 @@ pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String>
     // Exporter, a policy or a Client may satisfy.
     let (policy_leases, client_leases, exporter_leases) =
         (leases.clone(), leases.clone(), leases.clone());
-    let exporter_signatures = std::sync::Mutex::new(std::collections::HashMap::new());
+    // The mapper is a `Fn`: its memory sits behind a lock only it takes.
+    let exporter_signatures =
+        std::sync::Mutex::new(crate::runtime::controller::ChangeMemory::default());
     let lease_ctl = rt
         .controller_on::<Lease>("lease", leases.clone(), lease_primary, Trigger::AnyChange)
         .reconcile_on(wakeups.leases.clone().fired())
@@ -198,17 +200,11 @@ pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String>
                 let labels = exporter.metadata.labels.clone().unwrap_or_default();
                 // Only a change every waiting Lease reads wakes them all; one of who holds it
                 // wakes the Leases near the head (docs/exporter.md, "Lease scheduling").
-                let everyone = {
-                    let sig = queue::shared_signature(&exporter);
-                    let mut seen = exporter_signatures.lock().expect("lock");
-                    let key = (ns.clone(), name.clone());
-                    if exporter.metadata.deletion_timestamp.is_some() {
-                        seen.remove(&key);
-                        true
-                    } else {
-                        seen.insert(key, sig) != Some(sig)
-                    }
-                };
+                let everyone = exporter.metadata.deletion_timestamp.is_some()
+                    || exporter_signatures
+                        .lock()
+                        .expect("lock")
+                        .changed(&exporter.metadata, queue::shared_signature(&exporter));
                 pending_leases(&exporter_leases, &ns, |lease| {
                     (everyone || queue::near_head(lease))
                         && (lease.spec.exporter_ref_name() == Some(name.as_str())

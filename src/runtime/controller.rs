@@ -200,33 +200,54 @@ where
     K: Resource + Send,
     S: futures::Stream<Item = Result<K, watcher::Error>> + Send,
 {
-    let mut seen: HashMap<u64, (u64, Instant)> = HashMap::new();
-    let mut swept = Instant::now();
+    let mut memory = ChangeMemory::default();
     stream.filter(move |item| {
         let pass = match item {
             Ok(obj) => match property.hash_property(obj) {
-                Some(value) => {
-                    let now = Instant::now();
-                    if now.duration_since(swept) >= CHANGED_TTL {
-                        seen.retain(|_, (_, at)| now.duration_since(*at) < CHANGED_TTL);
-                        swept = now;
-                    }
-                    let meta = obj.meta();
-                    let mut h = std::collections::hash_map::DefaultHasher::new();
-                    (&meta.namespace, &meta.name, &meta.uid).hash(&mut h);
-                    match seen.insert(h.finish(), (value, now)) {
-                        Some((before, at)) => {
-                            before != value || now.duration_since(at) >= CHANGED_TTL
-                        }
-                        None => true,
-                    }
-                }
+                Some(value) => memory.changed(obj.meta(), value),
                 None => true,
             },
             Err(_) => true,
         };
         futures::future::ready(pass)
     })
+}
+
+/// The last hashed value of one property per object, in about 50 bytes per object (a hash of
+/// its namespace, name and uid, the value and when it was recorded): [`changed`]'s memory, and
+/// that of a mapper that wakes differently by what changed. An entry older than [`CHANGED_TTL`]
+/// counts as unknown.
+pub struct ChangeMemory {
+    seen: HashMap<u64, (u64, Instant)>,
+    swept: Instant,
+}
+
+impl Default for ChangeMemory {
+    fn default() -> Self {
+        ChangeMemory {
+            seen: HashMap::new(),
+            swept: Instant::now(),
+        }
+    }
+}
+
+impl ChangeMemory {
+    /// Records `value` for the object; true when it differs from the last one recorded, or
+    /// none is known.
+    pub fn changed(&mut self, meta: &kube::api::ObjectMeta, value: u64) -> bool {
+        let now = Instant::now();
+        if now.duration_since(self.swept) >= CHANGED_TTL {
+            self.seen
+                .retain(|_, (_, at)| now.duration_since(*at) < CHANGED_TTL);
+            self.swept = now;
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&meta.namespace, &meta.name, &meta.uid).hash(&mut h);
+        match self.seen.insert(h.finish(), (value, now)) {
+            Some((before, at)) => before != value || now.duration_since(at) >= CHANGED_TTL,
+            None => true,
+        }
+    }
 }
 
 /// The short jittered delay after a write conflict ("immediately" in the feature specs).
