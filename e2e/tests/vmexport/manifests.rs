@@ -408,30 +408,7 @@ async fn e19_instancetypes_expanded_by_kubevirt_for_the_all_manifest() {
     );
 
     // a snapshot's copy of the VM is expanded from the body (the live VM may differ or be gone)
-    let snaps = dynapi(
-        &c,
-        &ns,
-        "snapshot.kubevirt.io",
-        "v1beta1",
-        "VirtualMachineSnapshot",
-        "virtualmachinesnapshots",
-    );
-    let contents = dynapi(
-        &c,
-        &ns,
-        "snapshot.kubevirt.io",
-        "v1beta1",
-        "VirtualMachineSnapshotContent",
-        "virtualmachinesnapshotcontents",
-    );
-    let vss = dynapi(
-        &c,
-        &ns,
-        "snapshot.storage.k8s.io",
-        "v1",
-        "VolumeSnapshot",
-        "volumesnapshots",
-    );
+    let [snaps, contents, vss] = snapshot_apis(&c, &ns);
     create_dyn(&vss, json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
         "metadata": {"name": "vs-root"}, "spec": {"source": {"persistentVolumeClaimName": "rootdisk"}},
         "status": {"restoreSize": "1Gi", "readyToUse": true}})).await;

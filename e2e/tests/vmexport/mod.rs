@@ -254,6 +254,37 @@ async fn install_crd(client: &Client, group: &str, version: &str, kind: &str, pl
     wait_established(&crds, &format!("{plural}.{group}")).await;
 }
 
+/// The VirtualMachineSnapshot, VirtualMachineSnapshotContent and VolumeSnapshot APIs of `ns`.
+fn snapshot_apis(c: &Client, ns: &str) -> [Api<DynamicObject>; 3] {
+    let kv = "snapshot.kubevirt.io";
+    [
+        dynapi(
+            c,
+            ns,
+            kv,
+            "v1beta1",
+            "VirtualMachineSnapshot",
+            "virtualmachinesnapshots",
+        ),
+        dynapi(
+            c,
+            ns,
+            kv,
+            "v1beta1",
+            "VirtualMachineSnapshotContent",
+            "virtualmachinesnapshotcontents",
+        ),
+        dynapi(
+            c,
+            ns,
+            "snapshot.storage.k8s.io",
+            "v1",
+            "VolumeSnapshot",
+            "volumesnapshots",
+        ),
+    ]
+}
+
 fn dynapi(
     c: &Client,
     ns: &str,

@@ -207,30 +207,7 @@ async fn e7_snapshot_source_restore_pvcs() {
     .await;
     let m = manager(&env);
     m.wait_ready().await;
-    let snaps = dynapi(
-        &c,
-        &ns,
-        "snapshot.kubevirt.io",
-        "v1beta1",
-        "VirtualMachineSnapshot",
-        "virtualmachinesnapshots",
-    );
-    let contents = dynapi(
-        &c,
-        &ns,
-        "snapshot.kubevirt.io",
-        "v1beta1",
-        "VirtualMachineSnapshotContent",
-        "virtualmachinesnapshotcontents",
-    );
-    let vss = dynapi(
-        &c,
-        &ns,
-        "snapshot.storage.k8s.io",
-        "v1",
-        "VolumeSnapshot",
-        "volumesnapshots",
-    );
+    let [snaps, contents, vss] = snapshot_apis(&c, &ns);
     let src = |n: &str| json!({"apiGroup": "snapshot.kubevirt.io", "kind": "VirtualMachineSnapshot", "name": n});
 
     // not found: Skipped with both conditions
