@@ -19,7 +19,11 @@ use crate::runtime::{ReconcileError, Synced, WriteError, Writer};
 
 /// What the Exporter, Client and Lease passes, the gRPC services and the login endpoint share.
 pub struct Context {
+    /// The reconcilers' writes: leader only.
     pub writer: Writer,
+    /// The writes a gRPC call causes, made by whichever replica serves the call
+    /// (`crate::exporter::grpc`, "Which replica writes what").
+    pub calls: Writer,
     pub client: kube::Client,
     pub settings: Settings,
     pub key: SigningKey,

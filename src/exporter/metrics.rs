@@ -32,7 +32,16 @@ pub struct Metrics {
     pub lease_wait: HistogramVec,
     /// `ucm_exporter_lease_preemptions_total{namespace}`.
     pub preemptions: IntCounterVec,
+    /// `ucm_exporter_dial_seconds{path, result}`: from a Dial's token to its push onto the
+    /// exporter's Listen stream, on this replica (`local`) or another (`remote`), or to giving up
+    /// (docs/exporter.md, "Dial and Listen across replicas").
+    pub dials: HistogramVec,
+    /// `ucm_exporter_grpc_streams{stream}`: open Status and Listen streams on this replica.
+    pub streams: IntGaugeVec,
 }
+
+/// The `path` of a delivered Dial.
+pub const DIAL_PATHS: [&str; 2] = ["local", "remote"];
 
 impl Metrics {
     pub fn new() -> Self {
@@ -78,11 +87,39 @@ impl Metrics {
             &["namespace"],
         )
         .expect("valid metric");
+        let dials = HistogramVec::new(
+            HistogramOpts::new(
+                "ucm_exporter_dial_seconds",
+                "Dials: from the token to its push onto the exporter's Listen stream, through this replica (local) or another (remote); result=unanswered when no Listen took it",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+            &["path", "result"],
+        )
+        .expect("valid metric");
+        for path in DIAL_PATHS {
+            dials.with_label_values(&[path, "delivered"]);
+        }
+        dials.with_label_values(&["remote", "unanswered"]);
+        let streams = IntGaugeVec::new(
+            Opts::new(
+                "ucm_exporter_grpc_streams",
+                "Exporters' Status and Listen streams open on this replica",
+            ),
+            &["stream"],
+        )
+        .expect("valid metric");
+        for stream in ["status", "listen"] {
+            streams.with_label_values(&[stream]);
+        }
         Metrics {
             acquisitions,
             status_writes,
             lease_wait,
             preemptions,
+            dials,
+            streams,
         }
     }
 
@@ -96,6 +133,8 @@ impl Metrics {
         registry.register(Box::new(self.acquisitions.clone()))?;
         registry.register(Box::new(self.lease_wait.clone()))?;
         registry.register(Box::new(self.preemptions.clone()))?;
+        registry.register(Box::new(self.dials.clone()))?;
+        registry.register(Box::new(self.streams.clone()))?;
         registry.register(Box::new(self.status_writes.clone()))
     }
 }

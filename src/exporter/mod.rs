@@ -88,9 +88,15 @@ pub fn rbac() -> Vec<PolicyRule> {
 }
 
 /// In the manager's namespace: the optional `jumpstarter-controller` ConfigMap (read by the
-/// gRPC service). Its Secrets are covered by the cluster-wide Secret rule.
+/// gRPC service), and the pending dials every replica leaves and claims (ConfigMaps,
+/// docs/exporter.md, "Dial and Listen across replicas"). Its Secrets are covered by the
+/// cluster-wide Secret rule.
 pub fn namespaced_rbac() -> Vec<PolicyRule> {
-    vec![rule(&[""], &["configmaps"], &["get", "list", "watch"])]
+    vec![rule(
+        &[""],
+        &["configmaps"],
+        &["get", "list", "watch", "create", "delete"],
+    )]
 }
 
 pub static FEATURE: Feature = Feature {

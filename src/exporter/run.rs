@@ -232,8 +232,10 @@ pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String>
             },
         );
 
+    let writer = rt.writer("exporter");
     let ctx = Arc::new(Context {
-        writer: rt.writer("exporter"),
+        calls: writer.any_replica(),
+        writer,
         client: rt.client.clone(),
         settings,
         key,

@@ -73,7 +73,8 @@ impl Leadership {
         }
     }
 
-    fn elected(renew_deadline: Duration) -> Self {
+    /// Elected, not (yet) leading: the standby's view until it acquires the Lease.
+    pub(crate) fn elected(renew_deadline: Duration) -> Self {
         let (state, _) = watch::channel(false);
         let (acquired, _) = watch::channel(0);
         Leadership {

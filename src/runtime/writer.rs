@@ -1,6 +1,11 @@
 //! Every write a controller makes goes through a [`Writer`], which refuses it unless this process
 //! holds the leader Lease with margin. A reconciler therefore cannot forget the leadership check,
 //! and a standby never writes (docs/runtime.md, "Leader election").
+//!
+//! The one exception is a write a request causes: a server that runs on every replica (the
+//! exporter's gRPC services) writes through [`Writer::any_replica`], because the caller is
+//! connected to this replica and waits for the answer (docs/runtime.md, "Leader-only and
+//! any-replica writes").
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -17,6 +22,15 @@ use tracing::warn;
 
 use super::events::{Occurrence, Publisher};
 use super::leader::Leadership;
+
+/// Who may write through a [`Writer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Reconcilers: only while this replica leads.
+    Leader,
+    /// Request handlers on every replica: whoever serves the request.
+    AnyReplica,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
@@ -110,6 +124,7 @@ pub struct Writer {
     leadership: Leadership,
     events: Arc<Publisher>,
     manager: String,
+    gate: Gate,
 }
 
 impl Writer {
@@ -125,15 +140,33 @@ impl Writer {
             leadership,
             events: Arc::new(Publisher::new(client, manager.clone(), instance)),
             manager,
+            gate: Gate::Leader,
         }
+    }
+
+    /// The same writer (field manager, event source) for writes a request served by this
+    /// replica causes: not gated by leadership.
+    pub fn any_replica(&self) -> Writer {
+        Writer {
+            gate: Gate::AnyReplica,
+            ..self.clone()
+        }
+    }
+
+    pub fn gate(&self) -> Gate {
+        self.gate
     }
 
     pub fn is_leader(&self) -> bool {
         self.leadership.is_leader()
     }
 
+    fn may_write(&self) -> bool {
+        self.gate == Gate::AnyReplica || self.leadership.is_leader()
+    }
+
     fn check(&self) -> Result<(), WriteError> {
-        if self.leadership.is_leader() {
+        if self.may_write() {
             Ok(())
         } else {
             Err(WriteError::NotLeader)
@@ -258,8 +291,8 @@ impl Writer {
         }
     }
 
-    /// Publishes an Event on `regarding` (leader only). Failures are logged, never returned: an
-    /// Event is a courtesy and must not fail a reconcile.
+    /// Publishes an Event on `regarding` (leader only, unless [`Writer::any_replica`]). Failures
+    /// are logged, never returned: an Event is a courtesy and must not fail a reconcile.
     pub async fn event(
         &self,
         regarding: &ObjectReference,
@@ -268,7 +301,7 @@ impl Writer {
         action: &str,
         note: impl Into<String>,
     ) {
-        if !self.leadership.is_leader() {
+        if !self.may_write() {
             return;
         }
         let mut note: String = note.into();
@@ -325,6 +358,79 @@ fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kube client whose API server answers every request with a ConfigMap and counts them.
+    fn counting_client() -> (Client, Arc<std::sync::atomic::AtomicUsize>) {
+        use http_body_util::Full;
+        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = seen.clone();
+        let svc = tower::service_fn(move |_req: http::Request<kube::client::Body>| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                              "metadata": {"name": "c", "namespace": "ns", "resourceVersion": "2"}});
+            async move {
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(Full::new(bytes::Bytes::from(body.to_string())))
+                        .unwrap(),
+                )
+            }
+        });
+        (Client::new(svc, "ns"), seen)
+    }
+
+    #[tokio::test]
+    async fn a_standby_refuses_reconciler_writes_and_makes_the_writes_a_request_causes() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let (client, seen) = counting_client();
+        let standby = Leadership::elected(std::time::Duration::from_secs(10));
+        let reconciler = Writer::new(client.clone(), standby, "exporter", None);
+        let api: Api<ConfigMap> = Api::namespaced(client, "ns");
+        let status = json!({"x": 1});
+
+        assert_eq!(reconciler.gate(), Gate::Leader);
+        let refused = reconciler
+            .merge_status_fenced(&api, "c", "1", &status)
+            .await;
+        assert!(matches!(refused, Err(WriteError::NotLeader)), "{refused:?}");
+        let refused = reconciler
+            .patch(
+                &api,
+                "c",
+                &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+            )
+            .await;
+        assert!(matches!(refused, Err(WriteError::NotLeader)), "{refused:?}");
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "nothing reached the API server"
+        );
+
+        let calls = reconciler.any_replica();
+        assert_eq!(calls.gate(), Gate::AnyReplica);
+        calls
+            .merge_status_fenced(&api, "c", "1", &status)
+            .await
+            .unwrap();
+        calls
+            .patch(
+                &api,
+                "c",
+                &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+            )
+            .await
+            .unwrap();
+        calls.create(&api, &ConfigMap::default()).await.unwrap();
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            3,
+            "each write reached the API server"
+        );
+        // The reconciler's writer is still gated: any_replica is a copy, not a switch.
+        assert!(reconciler.delete(&api, "c", None).await.is_err());
+    }
 
     fn api_error(body: serde_json::Value) -> kube::Error {
         kube::Error::Api(Box::new(serde_json::from_value(body).unwrap()))

@@ -117,9 +117,10 @@ fn pod_ip(p: &Pod) -> String {
     p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap()
 }
 
-/// config/default's leader, when exactly one running manager carries the leader label, holds the
-/// Lease and is the gRPC Service's only endpoint; with the number of running managers.
-async fn serving_leader(client: &Client) -> Option<(usize, Pod)> {
+/// config/default's two replicas serving: two running managers, exactly one carrying the leader
+/// label and holding the Lease, and both the gRPC Service's ready endpoints (every replica
+/// serves). Returns the leader.
+async fn serving_leader(client: &Client) -> Option<Pod> {
     let ps = live_managers(&Api::namespaced(client.clone(), NS)).await;
     let mut leaders = ps.iter().filter(|p| is_leader(p));
     let (Some(l), None) = (leaders.next(), leaders.next()) else {
@@ -131,9 +132,12 @@ async fn serving_leader(client: &Client) -> Option<(usize, Pod)> {
         .ok()?
         .spec?
         .holder_identity?;
-    (holder.starts_with(&l.name_any())
-        && ready_endpoints(client, NS, "ucm-grpc").await == vec![pod_ip(l)])
-    .then(|| (ps.len(), l.clone()))
+    let mut ips: Vec<String> = ps.iter().map(pod_ip).collect();
+    ips.sort();
+    (ps.len() == 2
+        && holder.starts_with(&l.name_any())
+        && ready_endpoints(client, NS, "ucm-grpc").await == ips)
+        .then(|| l.clone())
 }
 
 /// The shipped RBAC is enough in-Pod: no running manager of `pods`' namespace logged a refusal.
@@ -217,45 +221,27 @@ where
 
 #[tokio::test]
 #[ignore]
-async fn two_manager_replicas_elect_one_leader_that_the_leader_services_reach_and_fail_over() {
+async fn two_manager_replicas_elect_one_leader_both_serve_grpc_and_fail_over() {
     let client = installed().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    // The documented HA setup (config/manager/manager.yaml): two replicas.
-    kubectl(&[
-        "-n",
-        NS,
-        "scale",
-        "deployment/ucm-controller-manager",
-        "--replicas=2",
-    ]);
-    kubectl(&[
-        "-n",
-        NS,
-        "rollout",
-        "status",
-        "deployment/ucm-controller-manager",
-        "--timeout=180s",
-    ]);
-
-    // One leader: its Pod alone carries the label (set through the downward API's POD_NAME),
-    // it holds the Lease, and the leader-only gRPC Service routes to it alone.
+    // As shipped (config/manager): two replicas, one leader, both behind the gRPC Service.
     eventually(
         Duration::from_secs(90),
-        "two running managers, one of them labelled leader, holding the Lease, the only gRPC endpoint",
-        || async { matches!(serving_leader(&client).await, Some((2, _))) },
+        "two running managers, one of them labelled leader and holding the Lease, both gRPC endpoints",
+        || async { serving_leader(&client).await.is_some() },
     )
     .await;
-    let (_, first) = serving_leader(&client).await.unwrap();
+    let first = serving_leader(&client).await.unwrap();
 
-    // Probes answer on every replica (the standby too: readiness never waits on leadership), and
-    // /metrics answers through its Service.
+    // Probes answer on every replica (the standby too: readiness never waits on leadership, and
+    // the standby serves gRPC), and /metrics answers through its Service.
     for p in live_managers(&pods).await {
-        let (ok, body) = curl(&[&format!("http://{}:8081/readyz", pod_ip(&p))]);
+        let (ok, body) = curl(&[&format!("http://{}:8081/readyz?verbose", pod_ip(&p))]);
+        let body = String::from_utf8_lossy(&body);
         assert!(
-            ok,
-            "/readyz of {}: {}",
-            p.name_any(),
-            String::from_utf8_lossy(&body)
+            ok && body.contains("[+]exporter-grpc ok"),
+            "/readyz of {}: {body}",
+            p.name_any()
         );
     }
     let ip = cluster_ip(&client, NS, "ucm-controller-manager-metrics").await;
@@ -266,10 +252,10 @@ async fn two_manager_replicas_elect_one_leader_that_the_leader_services_reach_an
         "/metrics through Service {ip}: {body}"
     );
 
-    // Failover: the leader's Pod deleted, the standby takes over; the label, the Lease and the
-    // gRPC Service follow it. The kubelet's SIGTERM makes the leader release the Lease, so the
-    // standby leads well before the 15 s lease duration that a leader which never released
-    // would cost.
+    // Failover: the leader's Pod deleted, the standby takes over; the label and the Lease follow
+    // it, and the Deployment's replacement joins the gRPC Service. The kubelet's SIGTERM makes the
+    // leader release the Lease, so the standby leads well before the 15 s lease duration that a
+    // leader which never released would cost.
     let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
     let transitions = |l: Lease| l.spec.and_then(|s| s.lease_transitions).unwrap_or(0);
     let before = transitions(leases.get("ucm-controller-manager").await.unwrap());
@@ -279,17 +265,27 @@ async fn two_manager_replicas_elect_one_leader_that_the_leader_services_reach_an
         .unwrap();
     eventually(
         Duration::from_secs(90),
-        "another manager labelled leader, holding the Lease, the only gRPC endpoint",
+        "another manager labelled leader and holding the Lease",
         || async {
-            serving_leader(&client)
+            let ps = live_managers(&pods).await;
+            let Some(l) = ps
+                .iter()
+                .find(|p| is_leader(p) && p.name_any() != first.name_any())
+            else {
+                return false;
+            };
+            leases
+                .get("ucm-controller-manager")
                 .await
-                .is_some_and(|(_, l)| l.name_any() != first.name_any())
+                .ok()
+                .and_then(|l| l.spec?.holder_identity)
+                .is_some_and(|h| h.starts_with(&l.name_any()))
         },
     )
     .await;
     let took = t0.elapsed();
     eprintln!(
-        "node: leader Pod {} deleted, its standby leads and serves after {:.1}s",
+        "node: leader Pod {} deleted, its standby leads after {:.1}s",
         first.name_any(),
         took.as_secs_f64()
     );
@@ -297,21 +293,23 @@ async fn two_manager_replicas_elect_one_leader_that_the_leader_services_reach_an
         took < Duration::from_secs(15),
         "the standby took over {took:?} after the leader's Pod was deleted: did the leader release the Lease on SIGTERM?"
     );
+    eventually(
+        Duration::from_secs(120),
+        "two serving replicas again",
+        || async {
+            serving_leader(&client)
+                .await
+                .is_some_and(|l| l.name_any() != first.name_any())
+        },
+    )
+    .await;
     let after = transitions(leases.get("ucm-controller-manager").await.unwrap());
     assert_eq!(
         after,
         before + 1,
         "leaseTransitions counts the one hand-over"
     );
-
     assert_nothing_forbidden(&pods).await;
-    kubectl(&[
-        "-n",
-        NS,
-        "scale",
-        "deployment/ucm-controller-manager",
-        "--replicas=1",
-    ]);
 }
 
 #[tokio::test]
@@ -568,7 +566,7 @@ async fn the_helm_chart_installs_under_pod_security_restricted_and_serves_its_na
         NS,
         "scale",
         "deployment/ucm-controller-manager",
-        "--replicas=1",
+        "--replicas=2",
     ]);
     kubectl(&[
         "-n",
@@ -738,144 +736,487 @@ fn in_node_netns(venv: &std::path::Path, dir: &std::path::Path, bin: &str) -> Co
     cmd
 }
 
+/// A real jmp 0.9.0 exporter (MockPower) and client of a fresh namespace, both in the node's
+/// network namespace dialling the in-cluster Service names, the exporter Available.
+struct NodeJmp {
+    client: Client,
+    venv: PathBuf,
+    dir: tempfile::TempDir,
+    ns: String,
+    client_cfg: PathBuf,
+    client_token: String,
+    exporter: crate::exporter::jumpstarter::ExporterProc,
+}
+
+impl NodeJmp {
+    async fn start(test: &str) -> NodeJmp {
+        use ucm::exporter::crd::Exporter;
+        let client = installed().await;
+        let venv = tokio::task::spawn_blocking(jumpstarter_venv).await.unwrap();
+        let ns = create_namespace(&client, test).await;
+        let exporters: Api<Exporter> = Api::namespaced(client.clone(), &ns);
+        let clients: Api<ucm::exporter::crd::Client> = Api::namespaced(client.clone(), &ns);
+        create_json(
+            &exporters,
+            json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
+                   "metadata": {"name": "board", "labels": {"board": "node"}}, "spec": {}}),
+        )
+        .await;
+        create_json(
+            &clients,
+            json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
+                   "metadata": {"name": "dev"}, "spec": {}}),
+        )
+        .await;
+        // The credentials the in-cluster manager minted.
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        let mut tokens = Vec::new();
+        for name in ["board-exporter", "dev-client"] {
+            tokens.push(String::from_utf8(secret_data(&secrets, name, "token").await).unwrap());
+        }
+        // Both peers dial the controller by its in-cluster name (the Service reaching every
+        // replica); the client is sent on to the router's Service. Each pins what the server
+        // presents.
+        let dir = tempfile::tempdir().unwrap();
+        let endpoint = "ucm-grpc.ucm-system.svc:8082";
+        let exporter_cfg = dir.path().join("exporter.yaml");
+        std::fs::write(
+            &exporter_cfg,
+            format!(
+                "apiVersion: jumpstarter.dev/v1alpha1\nkind: ExporterConfig\n\
+                 metadata: {{namespace: {ns}, name: board}}\nendpoint: {endpoint}\ntoken: {}\n\
+                 tls: {{insecure: true}}\nexport:\n  power: {{type: jumpstarter_driver_power.driver.MockPower}}\n",
+                tokens[0]
+            ),
+        )
+        .unwrap();
+        let client_cfg = dir.path().join("client.yaml");
+        std::fs::write(
+            &client_cfg,
+            format!(
+                "apiVersion: jumpstarter.dev/v1alpha1\nkind: ClientConfig\n\
+                 metadata: {{namespace: {ns}, name: dev}}\nendpoint: {endpoint}\ntoken: {}\n\
+                 tls: {{insecure: true}}\ndrivers: {{allow: [], unsafe: true}}\n",
+                tokens[1]
+            ),
+        )
+        .unwrap();
+
+        let log = dir.path().join("exporter.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let exporter = crate::exporter::jumpstarter::ExporterProc {
+            child: Some(
+                in_node_netns(&venv, dir.path(), "jmp")
+                    .args(["run", "--exporter-config"])
+                    .arg(&exporter_cfg)
+                    .stdin(Stdio::null())
+                    .stdout(out.try_clone().unwrap())
+                    .stderr(out)
+                    .spawn()
+                    .unwrap(),
+            ),
+            log,
+        };
+        eventually(
+            Duration::from_secs(90),
+            "the exporter registered, online and available",
+            || async {
+                exporters
+                    .get("board")
+                    .await
+                    .is_ok_and(|e| exporter_available(&e))
+            },
+        )
+        .await;
+        NodeJmp {
+            client,
+            venv,
+            dir,
+            ns,
+            client_cfg,
+            client_token: tokens.remove(1),
+            exporter,
+        }
+    }
+
+    /// `jmp <args> --client-config <cfg>`: (success, stdout, stderr).
+    async fn jmp(&self, args: &[&str]) -> (bool, String, String) {
+        let mut cmd = in_node_netns(&self.venv, self.dir.path(), "jmp");
+        let mut full: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let at = full.iter().position(|a| a == "--").unwrap_or(full.len());
+        full.insert(at, "--client-config".into());
+        full.insert(at + 1, self.client_cfg.display().to_string());
+        cmd.args(&full).stdin(Stdio::null());
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    async fn create_lease(&self) -> String {
+        let (ok, out, err) = self
+            .jmp(&[
+                "create",
+                "lease",
+                "-l",
+                "board=node",
+                "--duration",
+                "30m",
+                "-o",
+                "name",
+            ])
+            .await;
+        assert!(ok, "jmp create lease:\n{out}\n{err}");
+        let lease = out.trim().to_string();
+        assert!(!lease.is_empty(), "jmp create lease printed no name");
+        lease
+    }
+
+    /// `jmp shell --lease <lease> -- j power read -n 1`: Ok, or the failure's output.
+    async fn power_read(&self, lease: &str) -> Result<(), String> {
+        let (ok, out, err) = self
+            .jmp(&[
+                "shell", "--lease", lease, "--", "j", "power", "read", "-n", "1",
+            ])
+            .await;
+        if ok && out.contains("voltage=5.0 V  current=2.0 A") {
+            Ok(())
+        } else {
+            Err(format!("stdout:\n{out}\nstderr:\n{err}"))
+        }
+    }
+}
+
+impl Drop for NodeJmp {
+    fn drop(&mut self) {
+        self.exporter.terminate();
+        let (client, ns) = (self.client.clone(), self.ns.clone());
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(async move {
+                    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+                        .delete(&ns, &DeleteParams::default())
+                        .await;
+                });
+        })
+        .join();
+    }
+}
+
 #[tokio::test]
 #[ignore]
 async fn a_real_jmp_exporter_and_client_meet_through_the_in_cluster_controller_and_router() {
-    use ucm::exporter::crd::Exporter;
-    let client = installed().await;
-    let venv = tokio::task::spawn_blocking(jumpstarter_venv).await.unwrap();
-    let ns = create_namespace(&client, "node-jmp").await;
-    let exporters: Api<Exporter> = Api::namespaced(client.clone(), &ns);
-    let clients: Api<ucm::exporter::crd::Client> = Api::namespaced(client.clone(), &ns);
-    create_json(
-        &exporters,
-        json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
-               "metadata": {"name": "board", "labels": {"board": "node"}}, "spec": {}}),
-    )
-    .await;
-    create_json(
-        &clients,
-        json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
-               "metadata": {"name": "dev"}, "spec": {}}),
-    )
-    .await;
-    // The credentials the in-cluster manager minted.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let mut tokens = Vec::new();
-    for name in ["board-exporter", "dev-client"] {
-        tokens.push(String::from_utf8(secret_data(&secrets, name, "token").await).unwrap());
+    let peers = NodeJmp::start("node-jmp").await;
+    let lease = peers.create_lease().await;
+    // A driver call: client → in-cluster router ← exporter.
+    if let Err(out) = peers.power_read(&lease).await {
+        panic!("the MockPower reading did not come back through the router:\n{out}");
     }
-    // Both peers dial the controller by its in-cluster name (the Service reaching the leader);
-    // the client is sent on to the router's Service. Each pins what the server presents.
-    let dir = tempfile::tempdir().unwrap();
-    let endpoint = "ucm-grpc.ucm-system.svc:8082";
-    let exporter_cfg = dir.path().join("exporter.yaml");
-    std::fs::write(
-        &exporter_cfg,
-        format!(
-            "apiVersion: jumpstarter.dev/v1alpha1\nkind: ExporterConfig\n\
-             metadata: {{namespace: {ns}, name: board}}\nendpoint: {endpoint}\ntoken: {}\n\
-             tls: {{insecure: true}}\nexport:\n  power: {{type: jumpstarter_driver_power.driver.MockPower}}\n",
-            tokens[0]
-        ),
-    )
-    .unwrap();
-    let client_cfg = dir.path().join("client.yaml");
-    std::fs::write(
-        &client_cfg,
-        format!(
-            "apiVersion: jumpstarter.dev/v1alpha1\nkind: ClientConfig\n\
-             metadata: {{namespace: {ns}, name: dev}}\nendpoint: {endpoint}\ntoken: {}\n\
-             tls: {{insecure: true}}\ndrivers: {{allow: [], unsafe: true}}\n",
-            tokens[1]
-        ),
-    )
-    .unwrap();
+}
 
-    let log = dir.path().join("exporter.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let mut exporter = crate::exporter::jumpstarter::ExporterProc {
-        child: Some(
-            in_node_netns(&venv, dir.path(), "jmp")
-                .args(["run", "--exporter-config"])
-                .arg(&exporter_cfg)
-                .stdin(Stdio::null())
-                .stdout(out.try_clone().unwrap())
-                .stderr(out)
-                .spawn()
-                .unwrap(),
-        ),
-        log,
+/// The manager's process on this host for Pod `pod` (the node's containers are host processes):
+/// the `ucm manager` whose environment names the Pod.
+fn manager_pid(pod: &str) -> Option<u32> {
+    let want = format!("POD_NAME={pod}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let is_manager = cmdline.split(|b| *b == 0).nth(1) == Some(b"manager".as_slice());
+        let names_pod = environ.split(|b| *b == 0).any(|v| v == want.as_bytes());
+        (is_manager && names_pod).then_some(pid)
+    })
+}
+
+/// A Dial for `lease` through the gRPC Service, on a new connection (as a new `jmp` makes).
+async fn dial_once(
+    peers: &NodeJmp,
+    service_ip: &str,
+    ca: &[u8],
+    lease: &str,
+) -> Result<(), String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+    use ucm::exporter::proto::jumpstarter::v1 as pb;
+    let ch = Endpoint::from_shared(format!("https://{service_ip}:8082"))
+        .unwrap()
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca))
+                .domain_name("ucm-grpc.ucm-system.svc"),
+        )
+        .unwrap()
+        .connect_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(40))
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut req = tonic::Request::new(pb::DialRequest {
+        lease_name: lease.into(),
+    });
+    let md = req.metadata_mut();
+    md.insert(
+        "authorization",
+        format!("Bearer {}", peers.client_token).parse().unwrap(),
+    );
+    md.insert("jumpstarter-kind", "Client".parse().unwrap());
+    md.insert("jumpstarter-namespace", peers.ns.parse().unwrap());
+    md.insert("jumpstarter-name", "dev".parse().unwrap());
+    pb::controller_service_client::ControllerServiceClient::new(ch)
+        .dial(req)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("{:?}: {}", e.code(), e.message()))
+}
+
+/// Dials until one succeeds; the time from `since` to that success.
+async fn dial_until_served(
+    peers: &NodeJmp,
+    service_ip: &str,
+    ca: &[u8],
+    lease: &str,
+    since: Instant,
+    what: &str,
+) -> Duration {
+    let mut last = String::new();
+    while since.elapsed() < Duration::from_secs(90) {
+        match dial_once(peers, service_ip, ca, lease).await {
+            Ok(()) => return since.elapsed(),
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what}: no Dial succeeded within 90s; last error: {last}");
+}
+
+/// The replica holding the exporter's Listen stream (its `ucm_exporter_grpc_streams`).
+async fn listen_holder(pods: &Api<Pod>) -> Option<Pod> {
+    for p in live_managers(pods).await {
+        let (ok, body) = curl(&[&format!("http://{}:8080/metrics", pod_ip(&p))]);
+        let listening = metric(
+            &String::from_utf8_lossy(&body),
+            "ucm_exporter_grpc_streams",
+            &[("stream", "listen")],
+        );
+        if ok && listening >= 1.0 {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// Every replica serves (docs/exporter.md, "Every replica serves"): with the published jmp 0.9.0
+/// exporter and client through the in-cluster Services, a rolling restart of the manager while
+/// `jmp shell … j power read` runs back to back fails no invocation, keeps the exporter Online and
+/// the lease on it; a SIGKILLed replica costs new dials for the survivor's exporters at most a
+/// moment, and its own exporter is served again once it reconnects.
+#[tokio::test]
+#[ignore]
+async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
+    use ucm::exporter::crd::Exporter;
+    let peers = NodeJmp::start("node-ha").await;
+    let client = peers.client.clone();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let exporters: Api<Exporter> = Api::namespaced(client.clone(), &peers.ns);
+    eventually(Duration::from_secs(120), "two serving replicas", || async {
+        serving_leader(&client).await.is_some()
+    })
+    .await;
+    let lease = peers.create_lease().await;
+    let holder = |e: &Exporter| {
+        e.status
+            .as_ref()?
+            .lease_ref
+            .as_ref()
+            .map(|r| r.name.clone())
     };
     eventually(
-        Duration::from_secs(90),
-        "the exporter registered, online and available",
+        Duration::from_secs(60),
+        "the lease on the exporter",
         || async {
             exporters
                 .get("board")
                 .await
-                .is_ok_and(|e| exporter_available(&e))
+                .is_ok_and(|e| holder(&e).as_deref() == Some(lease.as_str()))
         },
     )
     .await;
+    peers.power_read(&lease).await.expect("a first call");
 
-    let jmp = |args: Vec<String>| {
-        let mut cmd = in_node_netns(&venv, dir.path(), "jmp");
-        cmd.args(&args).stdin(Stdio::null());
+    // 1. Rolling restart, with invocations back to back and the exporter watched throughout.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let calls = {
+        let stop = stop.clone();
+        let (peers, lease) = (&peers, lease.clone());
         async move {
-            let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
-                .await
-                .unwrap();
-            let (o, e) = (
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            );
-            assert!(out.status.success(), "jmp {args:?}:\n{o}\n{e}");
-            o
+            let (mut ok, mut failed) = (0, Vec::new());
+            while !stop.is_cancelled() {
+                match peers.power_read(&lease).await {
+                    Ok(()) => ok += 1,
+                    Err(out) => failed.push(out),
+                }
+            }
+            (ok, failed)
         }
     };
-    let cfg = client_cfg.display().to_string();
-    let lease = jmp([
-        "create",
-        "lease",
-        "-l",
-        "board=node",
-        "--duration",
-        "10m",
-        "-o",
-        "name",
-        "--client-config",
-        &cfg,
-    ]
-    .map(String::from)
-    .to_vec())
-    .await;
-    let lease = lease.trim().to_string();
-    assert!(!lease.is_empty(), "jmp create lease printed no name");
-    // A driver call: client → in-cluster router ← exporter.
-    let out = jmp([
-        "shell",
-        "--lease",
-        &lease,
-        "--client-config",
-        &cfg,
-        "--",
-        "j",
-        "power",
-        "read",
-        "-n",
-        "1",
-    ]
-    .map(String::from)
-    .to_vec())
-    .await;
-    assert!(
-        out.contains("voltage=5.0 V  current=2.0 A"),
-        "the MockPower reading did not come back through the router:\n{out}"
-    );
-    exporter.terminate();
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
-        .delete(&ns, &DeleteParams::default())
+    let watch = {
+        let stop = stop.clone();
+        let (exporters, lease) = (exporters.clone(), lease.clone());
+        async move {
+            let mut problems = Vec::new();
+            while !stop.is_cancelled() {
+                if let Ok(e) = exporters.get("board").await {
+                    let online = exporter_condition(&e, "Online").is_some_and(|c| c.0 == "True");
+                    if !online || holder(&e).as_deref() != Some(lease.as_str()) {
+                        problems.push(serde_json::to_string(&e.status).unwrap());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            problems
+        }
+    };
+    let restart = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let t0 = Instant::now();
+        kubectl(&[
+            "-n",
+            NS,
+            "rollout",
+            "restart",
+            "deployment/ucm-controller-manager",
+        ]);
+        // kubectl's own wait, off the runtime: the calls keep running meanwhile.
+        tokio::task::spawn_blocking(|| {
+            kubectl(&[
+                "-n",
+                NS,
+                "rollout",
+                "status",
+                "deployment/ucm-controller-manager",
+                "--timeout=300s",
+            ])
+        })
         .await
         .unwrap();
+        eventually(
+            Duration::from_secs(120),
+            "two serving replicas after the rollout",
+            || async { serving_leader(&client).await.is_some() },
+        )
+        .await;
+        let took = t0.elapsed();
+        // A few more calls against the new replicas.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        stop.cancel();
+        took
+    };
+    let ((ok, failed), problems, took) = tokio::join!(calls, watch, restart);
+    eprintln!(
+        "node: rolling restart took {:.1}s; {ok} jmp shell calls succeeded, {} failed",
+        took.as_secs_f64(),
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "jmp shell failed during the rolling restart:\n{}",
+        failed.join("\n----\n")
+    );
+    assert!(ok >= 3, "only {ok} calls ran across the rolling restart");
+    assert!(
+        problems.is_empty(),
+        "the exporter was not Online on its lease throughout:\n{}",
+        problems.join("\n")
+    );
+    let l = Api::<ucm::exporter::crd::Lease>::namespaced(client.clone(), &peers.ns)
+        .get(&lease)
+        .await
+        .unwrap();
+    assert!(
+        !l.status.as_ref().is_some_and(|s| s.ended),
+        "the lease ended"
+    );
+
+    // 2. SIGKILL of the replica that does not hold the exporter's Listen: dials for the exporter
+    // on the survivor go on (a connection that lands on the dead replica is refused and retried).
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let ca = secret_data(&secrets, "ucm-exporter-grpc-tls", "tls.crt").await;
+    let service_ip = cluster_ip(&client, NS, "ucm-grpc").await;
+    let served = listen_holder(&pods)
+        .await
+        .expect("a replica holds the exporter's Listen");
+    let other = live_managers(&pods)
+        .await
+        .into_iter()
+        .find(|p| p.name_any() != served.name_any())
+        .expect("the other replica");
+    let pid = manager_pid(&other.name_any()).expect("the other replica's process");
+    let t0 = Instant::now();
+    signal(pid, "KILL");
+    let survivor = dial_until_served(
+        &peers,
+        &service_ip,
+        &ca,
+        &lease,
+        t0,
+        "after killing the other replica",
+    )
+    .await;
+    eprintln!(
+        "node: SIGKILL of the replica without the exporter's Listen: a new Dial succeeded {:.0} ms after the kill",
+        survivor.as_secs_f64() * 1000.0
+    );
+    assert!(
+        survivor < Duration::from_secs(1),
+        "a Dial for an exporter on the survivor took {survivor:?} after the kill"
+    );
+    eventually(
+        Duration::from_secs(120),
+        "two serving replicas after the restart",
+        || async { serving_leader(&client).await.is_some() },
+    )
+    .await;
+
+    // 3. SIGKILL of the replica holding the exporter's Listen: served again once the exporter
+    // has reconnected to the survivor.
+    let served = listen_holder(&pods)
+        .await
+        .expect("a replica holds the exporter's Listen");
+    let pid = manager_pid(&served.name_any()).expect("the serving replica's process");
+    let t0 = Instant::now();
+    signal(pid, "KILL");
+    let rehomed = dial_until_served(
+        &peers,
+        &service_ip,
+        &ca,
+        &lease,
+        t0,
+        "after killing the exporter's replica",
+    )
+    .await;
+    eprintln!(
+        "node: SIGKILL of the replica holding the exporter's Listen: served again after {:.1}s",
+        rehomed.as_secs_f64()
+    );
+    peers
+        .power_read(&lease)
+        .await
+        .expect("jmp shell after the exporter re-homed");
+    let e = exporters.get("board").await.unwrap();
+    assert_eq!(
+        holder(&e).as_deref(),
+        Some(lease.as_str()),
+        "the lease stayed on the exporter"
+    );
+    eventually(
+        Duration::from_secs(120),
+        "two serving replicas at the end",
+        || async { serving_leader(&client).await.is_some() },
+    )
+    .await;
+    assert_nothing_forbidden(&pods).await;
 }

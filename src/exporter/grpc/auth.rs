@@ -316,7 +316,7 @@ async fn provision(
         },
         status: None,
     };
-    match ctx.writer.create(api, &client).await {
+    match ctx.calls.create(api, &client).await {
         Ok(created) => {
             tracing::info!(client = %caller.name, namespace = %caller.namespace, %username,
                 "provisioned a Client for an authenticated identity");

@@ -84,7 +84,7 @@ pub async fn create_lease(ctx: &Context, lease: &Lease) -> Result<Lease, Status>
     let api: Api<Lease> =
         Api::namespaced(ctx.client.clone(), &lease.namespace().unwrap_or_default());
     let created = ctx
-        .writer
+        .calls
         .create(&api, lease)
         .await
         .map_err(|e| write_error(&e, "create lease"))?;
@@ -402,7 +402,7 @@ impl cpb::client_service_server::ClientService for Arc<ClientApi> {
         });
         let updated = self
             .ctx
-            .writer
+            .calls
             .patch(&self.leases(&ns), &name, &Patch::Merge(patch))
             .await
             .map_err(|e| write_error(&e, "update lease"))?;
@@ -428,7 +428,7 @@ impl cpb::client_service_server::ClientService for Arc<ClientApi> {
         // DeleteLease releases (docs/exporter.md, "The Lease pass"); the object stays for its
         // history.
         self.ctx
-            .writer
+            .calls
             .patch(
                 &self.leases(&ns),
                 &name,
@@ -474,7 +474,7 @@ impl cpb::client_service_server::ClientService for Arc<ClientApi> {
         let secrets: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &ns);
         let data = BTreeMap::from([("token".to_string(), ByteString(tok.clone().into_bytes()))]);
         self.ctx
-            .writer
+            .calls
             .patch(
                 &secrets,
                 &format!("{}-client", caller.name),

@@ -1,8 +1,7 @@
 //! `jumpstarter.v1.ControllerService` (docs/exporter.md: "ControllerService", "Heartbeats", "Dial
 //! and Listen").
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -20,6 +19,7 @@ use tonic::{Request, Response, Status};
 use tracing::{debug, warn};
 
 use super::auth::{self, Caller, Kind};
+use super::dials::{Dials, PendingDial};
 use super::heartbeat::{self, Liveness};
 use crate::conditions;
 use crate::exporter::auth::Authn;
@@ -39,24 +39,38 @@ const LISTEN_QUEUE: usize = 8;
 /// How long a Dial waits for the exporter's Listen (docs/exporter.md, "Dial and Listen").
 const LISTEN_WAIT: Duration = Duration::from_secs(30);
 
-type ListenTx = mpsc::Sender<Result<pb::ListenResponse, Status>>;
-
 pub struct Controller {
     pub ctx: Arc<Context>,
     pub watched: Option<String>,
     pub router_key: RouterKey,
     pub router_endpoint: String,
     pub authn: Arc<Authn>,
-    /// (namespace, lease) → queue of the current Listen stream (docs/exporter.md, "Dial and
-    /// Listen").
-    listeners: Mutex<HashMap<(String, String), ListenTx>>,
-    /// Woken whenever a Listen registers, for the Dials waiting on one.
-    listen_registered: tokio::sync::Notify,
-    /// Cancelled when this serving session ends (leadership lost, shutdown): ends every stream
-    /// so the server's graceful stop does not wait on them.
+    /// This replica's Listen streams and the pending dials of every replica (docs/exporter.md,
+    /// "Dial and Listen across replicas").
+    pub dials: Arc<Dials>,
+    /// Cancelled when this serving session ends (shutdown): ends every Status and Listen stream,
+    /// so exporters reconnect to another replica and the server's graceful stop does not wait on
+    /// them; Dials in flight get a short while longer ([`Dials::dial`]).
     pub stop: tokio_util::sync::CancellationToken,
     /// In-memory liveness of the exporters holding Status streams (docs/exporter.md, "Heartbeats").
     pub liveness: Liveness,
+}
+
+/// Counts an open stream in `ucm_exporter_grpc_streams` until dropped.
+struct OpenStream(prometheus::IntGauge);
+
+impl OpenStream {
+    fn new(m: &crate::exporter::metrics::Metrics, stream: &str) -> Self {
+        let g = m.streams.with_label_values(&[stream]);
+        g.inc();
+        OpenStream(g)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 pub fn status_value(v: i32) -> ExporterStatusValue {
@@ -77,6 +91,7 @@ impl Controller {
         router_key: RouterKey,
         router_endpoint: String,
         authn: Arc<Authn>,
+        dials: Arc<Dials>,
     ) -> Self {
         Controller {
             ctx,
@@ -84,8 +99,7 @@ impl Controller {
             router_key,
             router_endpoint,
             authn,
-            listeners: Default::default(),
-            listen_registered: Default::default(),
+            dials,
             stop: tokio_util::sync::CancellationToken::new(),
             liveness: Liveness::default(),
         }
@@ -97,7 +111,7 @@ impl Controller {
 
     /// Ends every Listen stream (their senders are dropped).
     pub fn close_listeners(&self) {
-        self.listeners.lock().expect("listeners").clear();
+        self.dials.close_listeners();
     }
 
     fn exporters(&self, ns: &str) -> Api<Exporter> {
@@ -144,7 +158,7 @@ impl Controller {
             let rv = exp.resource_version().unwrap_or_default();
             match self
                 .ctx
-                .writer
+                .calls
                 .merge_status_fenced(&api, name, &rv, &patch)
                 .await
             {
@@ -206,7 +220,7 @@ impl Controller {
                 EventType::Normal
             };
             self.ctx
-                .writer
+                .calls
                 .event(&regarding, t, e.reason, action, e.note)
                 .await;
         }
@@ -274,7 +288,7 @@ impl Controller {
             .expect("valid JSON patch");
             match self
                 .ctx
-                .writer
+                .calls
                 .json_patch_status(&self.exporters(ns), name, patch)
                 .await
             {
@@ -317,6 +331,7 @@ impl Controller {
             }
         }
         let _close = Close(&self.liveness, &ns, &name);
+        let _open = OpenStream::new(&self.ctx.metrics, "status");
         let api = self.exporters(&ns);
         let watch = || {
             let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
@@ -418,7 +433,7 @@ impl Controller {
 
     async fn release(&self, ns: &str, lease: &str) -> Result<(), Status> {
         self.ctx
-            .writer
+            .calls
             .patch(
                 &self.leases(ns),
                 lease,
@@ -542,7 +557,7 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
         labels.retain(|k, v| exp.labels().get(k).map(|o| json!(o)) != Some(v.clone()));
         if !labels.is_empty() {
             self.ctx
-                .writer
+                .calls
                 .patch(
                     &self.exporters(ns),
                     name,
@@ -663,15 +678,15 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
             return Err(Status::permission_denied("permission denied"));
         }
         let (tx, rx) = mpsc::channel(LISTEN_QUEUE);
-        // A new Listen supersedes the previous one: dropping its sender ends it. Entries of
-        // streams that ended (the exporter went away, the lease ended) are pruned here, so the
-        // map holds at most one entry per live Listen.
-        let mut listeners = self.listeners.lock().expect("listeners");
-        listeners.retain(|_, tx| !tx.is_closed());
-        listeners.insert((caller.namespace, lease_name), tx);
-        drop(listeners);
-        self.listen_registered.notify_waiters();
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        // A new Listen supersedes the previous one on this replica: dropping its sender ends it.
+        self.dials.listen((caller.namespace, lease_name), tx);
+        let open = OpenStream::new(&self.ctx.metrics, "listen");
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(
+            move |m| {
+                let _ = &open;
+                m
+            },
+        ))))
     }
 
     async fn status(
@@ -720,35 +735,19 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
             config::choose_router(&self.ctx.settings.config.routers, exp.labels())
                 .unwrap_or(&self.router_endpoint)
                 .to_string();
-        let (token, _, _) = router_token::mint(&self.router_key, Timestamp::now());
-        let resp = pb::ListenResponse {
-            router_endpoint: router_endpoint.clone(),
-            router_token: token.clone(),
-        };
-        let key = (caller.namespace.clone(), lease_name);
+        let claims = router_token::claims(Timestamp::now());
+        let token = router_token::sign(&self.router_key, &claims);
         // An exporter opens Listen only once its Status stream shows the lease, so a Dial may
-        // come first: wait for it a bounded time (docs/exporter.md, "Dial and Listen").
-        let deadline = tokio::time::Instant::now() + LISTEN_WAIT;
-        loop {
-            let registered = self.listen_registered.notified();
-            tokio::pin!(registered);
-            registered.as_mut().enable();
-            let tx = self.listeners.lock().expect("listeners").get(&key).cloned();
-            match tx.map(|tx| tx.try_send(Ok(resp.clone()))) {
-                None | Some(Err(mpsc::error::TrySendError::Closed(_))) => {}
-                Some(Err(mpsc::error::TrySendError::Full(_))) => {
-                    return Err(Status::resource_exhausted("too many pending connections"));
-                }
-                Some(Ok(())) => break,
-            }
-            tokio::select! {
-                _ = &mut registered => {}
-                _ = tokio::time::sleep_until(deadline) => {
-                    return Err(Status::unavailable("exporter is not listening on this lease"));
-                }
-                _ = self.stop.cancelled() => return Err(Status::unavailable("controller stopping")),
-            }
-        }
+        // come first: wait for it a bounded time, on whichever replica it listens
+        // (docs/exporter.md, "Dial and Listen", "Dial and Listen across replicas").
+        let dial = PendingDial {
+            key: (caller.namespace.clone(), lease_name),
+            router_endpoint: router_endpoint.clone(),
+            claims,
+        };
+        self.dials
+            .dial(dial, tokio::time::Instant::now() + LISTEN_WAIT, &self.stop)
+            .await?;
         Ok(Response::new(pb::DialResponse {
             router_endpoint,
             router_token: token,

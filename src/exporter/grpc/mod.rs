@@ -1,10 +1,34 @@
 //! The controller gRPC server (docs/exporter.md, "The gRPC server"): one TLS listener on
 //! `--exporter-grpc-bind-address` serving ControllerService, ClientService, gRPC health and
-//! reflection, only while this replica leads.
+//! reflection, on every replica (docs/exporter.md, "Every replica serves").
+//!
+//! # Which replica writes what
+//! Reconcilers write through `Context::writer`, which refuses unless this replica leads. What a
+//! gRPC call causes is written through `Context::calls` by whichever replica serves the call,
+//! because the caller waits on this replica for the answer. Each of those writes is safe from
+//! any replica, concurrently with the leader's reconcilers:
+//! - exporter status (Register, Unregister, ReportStatus, Status connect, heartbeats): a merge
+//!   patch fenced by resourceVersion, re-read and retried on conflict, so a concurrent write by
+//!   the leader or another replica is never overwritten (`Controller::write_status`); the
+//!   heartbeat's unfenced patch sets `lastSeen` alone, a field only gRPC calls write.
+//! - exporter labels on Register: only the `jumpstarter.dev/` keys, which only Register writes.
+//! - lease release (ReleaseLease, DeleteLease, ReportStatus release): sets `spec.release`, which
+//!   is idempotent and which the leader's Lease pass acts on.
+//! - lease creation and update (CreateLease, RequestLease, UpdateLease): a create with a unique
+//!   name; the update is fenced by resourceVersion. The leader assigns exporters, as before.
+//! - a provisioned Client, the client token refresh: a create that loses cleanly to a concurrent
+//!   one; a patch of the client's own Secret, which the leader's Client pass re-reads by
+//!   resourceVersion.
+//! - the certificate and router key Secrets: created once, whoever is first; the others read it.
+//! - pending dials (`dials`): created by the dialer, deleted by the one claim that wins.
+//!
+//! Leader only, as before: everything the Exporter, Client and Lease passes write (derived
+//! conditions, lease assignment and ending, credentials, Events of reconciles).
 
 pub mod auth;
 pub mod client;
 pub mod controller;
+pub mod dials;
 pub mod heartbeat;
 pub mod lease_pb;
 
@@ -27,16 +51,21 @@ use crate::exporter::{proto, router, tls};
 use crate::runtime::Runtime;
 use client::ClientApi;
 use controller::Controller;
+use dials::Dials;
 
-/// The self-signed certificate every leader serves (docs/exporter.md, "Certificates").
+/// The self-signed certificate every replica serves (docs/exporter.md, "Certificates").
 pub const TLS_SECRET: &str = "ucm-exporter-grpc-tls";
+/// The readiness check that is failing until this replica serves gRPC.
+pub const READY_CHECK: &str = "exporter-grpc";
 
-/// Runs until shutdown: serves while leading, stops on loss, starts again on re-acquisition.
+/// Runs until shutdown, on every replica; restarts the server after a failure.
 pub async fn run(rt: Runtime, ctx: Arc<Context>) {
     let Some(addr) = ctx.settings.grpc_bind_address.addr() else {
         info!("exporter gRPC server disabled (--exporter-grpc-bind-address=0)");
         return;
     };
+    rt.health
+        .set(READY_CHECK, Err("starting: waiting for the caches".into()));
     // Built once, so the issuers' key caches outlive a leadership change.
     let authn = match Authn::new(ctx.key.clone(), &ctx.settings.config, &ctx.client) {
         Ok(a) => Arc::new(a),
@@ -45,15 +74,14 @@ pub async fn run(rt: Runtime, ctx: Arc<Context>) {
             return;
         }
     };
-    let mut leading = rt.leadership.subscribe();
+    // Calls answer from the caches: serve once they have listed.
+    tokio::select! {
+        _ = rt.shutdown.cancelled() => return,
+        _ = ctx.caches.synced.wait() => {}
+    }
     loop {
-        while !*leading.borrow_and_update() {
-            tokio::select! {
-                _ = rt.shutdown.cancelled() => return,
-                r = leading.changed() => if r.is_err() { return },
-            }
-        }
-        if let Err(e) = serve(&rt, &ctx, &authn, addr, leading.clone()).await {
+        if let Err(e) = serve(&rt, &ctx, &authn, addr).await {
+            rt.health.set(READY_CHECK, Err(format!("gRPC server: {e}")));
             error!(error = %e, "exporter gRPC server failed; retrying in 5s");
             tokio::select! {
                 _ = rt.shutdown.cancelled() => return,
@@ -66,7 +94,8 @@ pub async fn run(rt: Runtime, ctx: Arc<Context>) {
     }
 }
 
-/// The configured certificate, else the stored self-signed one (created once by the leader).
+/// The configured certificate, else the stored self-signed one (created once, by the first
+/// replica to need it).
 async fn certificate(rt: &Runtime, ctx: &Context) -> Result<tls::CertPair, String> {
     if let Some(c) = tls::from_env()? {
         return Ok(c);
@@ -107,7 +136,7 @@ async fn certificate(rt: &Runtime, ctx: &Context) -> Result<tls::CertPair, Strin
             ])),
             ..Default::default()
         };
-        match ctx.writer.create(&api, &secret).await {
+        match ctx.calls.create(&api, &secret).await {
             Ok(_) => {
                 info!(
                     secret = TLS_SECRET,
@@ -127,22 +156,29 @@ async fn serve(
     ctx: &Arc<Context>,
     authn: &Arc<Authn>,
     addr: std::net::SocketAddr,
-    mut leading: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), String> {
     let certs = certificate(rt, ctx).await?;
     let router_key = router::ensure_key(
         std::env::var("ROUTER_KEY").ok().as_deref(),
         &rt.own_namespace(),
-        &ctx.writer,
+        &ctx.calls,
         &rt.config.manager_namespace,
     )
     .await?;
+    let dials = Dials::new(
+        ctx.client.clone(),
+        &rt.config.manager_namespace,
+        ctx.calls.clone(),
+        router_key.clone(),
+        ctx.metrics.clone(),
+    );
     let svc = Arc::new(Controller::new(
         ctx.clone(),
         rt.config.watch_namespace.clone(),
         router_key,
         ctx.settings.router_endpoint.clone(),
         authn.clone(),
+        dials.clone(),
     ));
     let client_svc = Arc::new(ClientApi::new(
         ctx.clone(),
@@ -159,15 +195,20 @@ async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    info!(%addr, endpoint = %ctx.settings.status.endpoint, "exporter gRPC server listening (leader)");
+    info!(%addr, endpoint = %ctx.settings.status.endpoint, "exporter gRPC server listening");
+    let watch_stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(dials.run(watch_stop.clone()));
+    let _watch_stop = watch_stop.drop_guard();
+    rt.health.set(READY_CHECK, Ok(()));
     let stop = svc.stop.clone();
     let shutdown = rt.shutdown.clone();
     let session = svc.clone();
+    // Graceful drain (docs/exporter.md, "Every replica serves"): on shutdown the server stops
+    // accepting connections and sends GOAWAY; Status and Listen streams end, so exporters
+    // reconnect to a replica that stays; Dials in flight finish (bounded by `dials`).
     let stopper = async move {
-        tokio::select! {
-            _ = shutdown.cancelled() => {}
-            _ = async { while *leading.borrow_and_update() { if leading.changed().await.is_err() { break; } } } => {}
-        }
+        shutdown.cancelled().await;
+        info!("exporter gRPC server draining: exporters reconnect to another replica");
         stop.cancel();
         session.close_listeners();
     };

@@ -86,18 +86,22 @@ pub enum RouterTokenError {
 
 /// A new token for a new stream id: `(token, stream id, expiry)`.
 pub fn mint(key: &RouterKey, now: Timestamp) -> (String, String, Timestamp) {
-    let sub = uuid::Uuid::new_v4().to_string();
+    let c = claims(now);
     let exp = now + LIFETIME;
-    let claims = Claims {
+    (sign(key, &c), c.sub.clone(), exp)
+}
+
+/// The claims of a new token for a new stream id (random `sub` and `jti`), valid from `now`.
+pub fn claims(now: Timestamp) -> Claims {
+    Claims {
         iss: ISSUER.into(),
         aud: Audience::One(AUDIENCE.into()),
-        sub: sub.clone(),
-        exp: exp.as_second(),
+        sub: uuid::Uuid::new_v4().to_string(),
+        exp: (now + LIFETIME).as_second(),
         nbf: now.as_second(),
         iat: now.as_second(),
         jti: uuid::Uuid::new_v4().to_string(),
-    };
-    (sign(key, &claims), sub, exp)
+    }
 }
 
 pub fn sign(key: &RouterKey, claims: &Claims) -> String {

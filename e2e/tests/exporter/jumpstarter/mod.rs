@@ -9,6 +9,7 @@
 //! both ways upstream configs trust a controller are covered.
 
 mod keycloak;
+mod replicas;
 mod takeover;
 
 use std::path::{Path, PathBuf};
@@ -238,6 +239,7 @@ struct Lab {
     client_cfg: PathBuf,
     grpc_port: u16,
     login_port: u16,
+    router_endpoint: String,
     cert: Vec<u8>,
     exporter_token: String,
     client_token: String,
@@ -367,6 +369,7 @@ impl Lab {
             client_cfg,
             grpc_port,
             login_port,
+            router_endpoint,
             cert,
             exporter_token,
             client_token,
