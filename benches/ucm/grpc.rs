@@ -4,7 +4,8 @@
 //! Status stream and report Available, as the real exporter does. With every stream held, the
 //! manager's API writes are counted from the audit log over whole-minute windows. Then some
 //! exporters are killed (connection dropped without Unregister) and the time until their Exporter
-//! shows Online=False is measured.
+//! shows Online=False is measured. Then the same plane on one and two replicas
+//! (`grpc_replicas`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -287,8 +288,9 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     }
     m.stop("TERM");
     delete_namespace(&c, NS, Duration::from_secs(300)).await;
+    let replicas = crate::grpc_replicas::run(ctx).await;
 
-    vec![
+    let mut figures = vec![
         Figure::new(PHASE, "grpc.writes_per_exporter_minute", &format!("API writes per online exporter per minute, {n} simulated exporters holding Status streams"), "writes/min", per_exporter)
             .reference(6.0, "upstream Jumpstarter controller: a lastSeen write every 10 s", false)
             .note(format!(
@@ -307,5 +309,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
                     String::new()
                 }
             )),
-    ]
+    ];
+    figures.extend(replicas);
+    figures
 }

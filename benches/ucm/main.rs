@@ -19,6 +19,7 @@ mod cluster;
 mod export;
 mod failover;
 mod grpc;
+mod grpc_replicas;
 mod kube_util;
 mod leases;
 mod objects;
