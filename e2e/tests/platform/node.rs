@@ -839,6 +839,16 @@ impl NodeJmp {
         }
     }
 
+    /// Stops the exporter and deletes the namespace (a failed test leaves both to the node's
+    /// teardown: the exporter process dies with the test's `ExporterProc`).
+    async fn finish(mut self) {
+        self.exporter.terminate();
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone())
+            .delete(&self.ns, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
     /// `jmp <args> --client-config <cfg>`: (success, stdout, stderr).
     async fn jmp(&self, args: &[&str]) -> (bool, String, String) {
         let mut cmd = in_node_netns(&self.venv, self.dir.path(), "jmp");
@@ -891,23 +901,6 @@ impl NodeJmp {
     }
 }
 
-impl Drop for NodeJmp {
-    fn drop(&mut self) {
-        self.exporter.terminate();
-        let (client, ns) = (self.client.clone(), self.ns.clone());
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Runtime::new()
-                .unwrap()
-                .block_on(async move {
-                    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
-                        .delete(&ns, &DeleteParams::default())
-                        .await;
-                });
-        })
-        .join();
-    }
-}
-
 #[tokio::test]
 #[ignore]
 async fn a_real_jmp_exporter_and_client_meet_through_the_in_cluster_controller_and_router() {
@@ -917,6 +910,7 @@ async fn a_real_jmp_exporter_and_client_meet_through_the_in_cluster_controller_a
     if let Err(out) = peers.power_read(&lease).await {
         panic!("the MockPower reading did not come back through the router:\n{out}");
     }
+    peers.finish().await;
 }
 
 /// The manager's process on this host for Pod `pod` (the node's containers are host processes):
@@ -1219,4 +1213,5 @@ async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
     )
     .await;
     assert_nothing_forbidden(&pods).await;
+    peers.finish().await;
 }

@@ -66,7 +66,7 @@ pub async fn run(rt: Runtime, ctx: Arc<Context>) {
     };
     rt.health
         .set(READY_CHECK, Err("starting: waiting for the caches".into()));
-    // Built once, so the issuers' key caches outlive a leadership change.
+    // Built once, so the issuers' key caches outlive a restart of the server.
     let authn = match Authn::new(ctx.key.clone(), &ctx.settings.config, &ctx.client) {
         Ok(a) => Arc::new(a),
         Err(e) => {
