@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{BinaryMetadataValue, MetadataValue};
 use tonic::{Request, Response, Status};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::auth::{self, Caller, Kind};
 use super::heartbeat::{self, Liveness};
@@ -749,6 +749,10 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
                 _ = self.stop.cancelled() => return Err(Status::unavailable("controller stopping")),
             }
         }
+        // The one place ucm can name the router: jmp reports an unreachable one only as an
+        // unreachable exporter (README, "Jumpstarter from the host").
+        info!(namespace = %key.0, lease = %key.1, client = %caller.name, %exporter,
+            "dial: client and exporter meet at router {router_endpoint}; both must reach that address");
         Ok(Response::new(pb::DialResponse {
             router_endpoint,
             router_token: token,
