@@ -53,13 +53,16 @@ install_ucm() {
   # The controller's and router's certificate, with the names jmp dials from this host and from
   # Pods; the manager serves Secret ucm-exporter-grpc-tls when it exists (docs/exporter.md,
   # "Certificates"), so this one is created before the manager starts.
-  "${kubectl[@]}" create namespace ucm-system
+  # (Applied, not created: the node may have been up already, from `make node`.)
+  "${kubectl[@]}" create namespace ucm-system --dry-run=client -o yaml |
+    "${kubectl[@]}" apply --server-side --field-manager=ucm-run -f -
   local tmp
   tmp=$(mktemp -d)
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
     -subj /CN=ucm-jumpstarter-demo -keyout "$tmp/tls.key" -out "$tmp/tls.crt" \
     -addext "subjectAltName=IP:$node_ip,DNS:ucm-grpc.ucm-system.svc,DNS:ucm-router.ucm-system.svc,DNS:localhost,IP:127.0.0.1"
-  "${kubectl[@]}" -n ucm-system create secret tls ucm-exporter-grpc-tls --cert "$tmp/tls.crt" --key "$tmp/tls.key"
+  "${kubectl[@]}" -n ucm-system create secret tls ucm-exporter-grpc-tls --cert "$tmp/tls.crt" --key "$tmp/tls.key" \
+    --dry-run=client -o yaml | "${kubectl[@]}" apply --server-side --force-conflicts --field-manager=ucm-run -f -
   rm -rf "$tmp"
   # The snapshot agent is privileged by design; the namespace enforces "privileged" but warns at
   # "restricted", so this prints a PodSecurity warning for its DaemonSet (kept in this log).
