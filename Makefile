@@ -129,12 +129,15 @@ node-check: image $(NODE_BINS)
 	hack/node/check.sh
 
 # `make test`'s node step: node-check with the image built from a debug build of the same source
-# (hack/image.sh: a changed source rebuilds in about a minute; the release one takes 7–19 min).
+# (hack/image.sh: a changed source rebuilds in about a minute; the release one takes 7–19 min),
+# then `make run`'s node part with that image, whose printed jmp commands run unchanged from the
+# host (hack/demo/run-node.sh --check, about 2 min).
 TEST_IMAGE := $(TARGET_DIR)/ucm-image-dev.oci.tar
 node-e2e: $(NODE_BINS)
 	UCM_IMAGE_PROFILE=dev UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/image.sh
 	hack/image.sh node
 	UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/node/check.sh
+	UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/demo/run-node.sh --check
 
 # One shared control plane for the e2e suite (one test binary); tests needing their own start one.
 e2e: cluster build
@@ -180,10 +183,10 @@ test: test-deps lint crds-check unit e2e node-e2e conformance-ci
 # `make run`: config/default as shipped on a real local node, with a demo for every feature
 # (hack/demo/run-node.sh; root). `make run LOCAL=1`, and any run without root: the manager as a local
 # process on the node-less control plane (hack/demo/run.sh), for fast iteration.
+# hack/demo/make-run.sh builds what is missing, one stage line each (tool output in .run/logs/).
 RUN_NODE := $(if $(LOCAL),,$(shell [ "$$(id -u)" -eq 0 ] && echo 1))
-run: cluster $(if $(RUN_NODE),image $(NODE_BINS),build)
-	$(if $(LOCAL)$(RUN_NODE),,@echo "make run: not root, so no local node (it needs network namespaces, mounts and cgroups); running the manager as a local process, as make run LOCAL=1 does")
-	$(if $(RUN_NODE),hack/image.sh node && hack/demo/run-node.sh,hack/demo/run.sh)
+run:
+	@MAKE="$(MAKE)" hack/demo/make-run.sh $(if $(RUN_NODE),node,$(if $(LOCAL),local,not-root))
 
 # The benchmark suite (issue 9): writes bench/results.md and bench/results.json. Not part of `test`.
 # `UCM_BENCH_ONLY=<phase>[,<phase>] make bench` reruns some phases (see bench/results.md).

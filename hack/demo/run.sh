@@ -7,6 +7,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
+. hack/demo/lib.sh
 ucm="${CARGO_TARGET_DIR:-target}/debug/ucm"
 mkdir -p .run
 : >.run/ready
@@ -24,22 +25,24 @@ stop() {
   exit 0
 }
 trap stop INT TERM EXIT
-start=$(date +%s)
-until grep -q '^READY ' .run/ready; do
-  if ! kill -0 "$kh" 2>/dev/null || (( $(date +%s) - start > 180 )); then
-    echo "the local control plane did not start; see .run/harness.log" >&2
-    tail -n 40 .run/harness.log >&2
-    exit 1
-  fi
-  sleep 0.2
-done
+control_plane() {
+  local start=$SECONDS
+  until grep -q '^READY ' .run/ready; do
+    if ! kill -0 "$kh" 2>/dev/null || ((SECONDS - start > 180)); then
+      echo "the local control plane did not start; .run/harness.log:"
+      tail -n 40 .run/harness.log
+      exit 1
+    fi
+    sleep 0.2
+  done
+  local kubectl=(e2e/bin/kubectl --kubeconfig "$(sed -n 's/^READY //p' .run/ready)")
+  "${kubectl[@]}" apply --server-side --field-manager=ucm-run -f crds/
+  "${kubectl[@]}" wait --for condition=established --timeout=60s -f crds/
+}
+stage "Local control plane (etcd, kube-apiserver, kube-controller-manager) and ucm's CRDs" \
+  "about 10 s; log in .run/harness.log" control_plane
 kubeconfig=$(sed -n 's/^READY //p' .run/ready)
 kubectl=(e2e/bin/kubectl --kubeconfig "$kubeconfig")
-"${kubectl[@]}" apply --server-side --field-manager=ucm-run -f crds/ >/dev/null
-"${kubectl[@]}" wait --for condition=established --timeout=60s -f crds/ >/dev/null
-if [ -d config/samples ] && ls config/samples/*.yaml >/dev/null 2>&1; then
-  "${kubectl[@]}" apply --server-side --field-manager=ucm-run -f config/samples/ || true
-fi
 cat <<TXT
 
 Local control plane ready. Try:
@@ -71,39 +74,14 @@ EXTERNAL_CERT_PEM=$cert EXTERNAL_KEY_PEM=$(secret ucm-exporter-grpc-tls 'tls\.ke
   "$ucm" router --bind-address=:8083 --endpoint=localhost:8083 --namespace default >.run/router.log 2>&1 &
 router=$!
 jdir=.run/jumpstarter
-mkdir -p "$jdir"
-ca=$(printf '%s' "$cert" | base64 -w0)
-(
-  umask 077
-  cat >"$jdir/client-dev.yaml" <<YAML
-apiVersion: jumpstarter.dev/v1alpha1
-kind: ClientConfig
-metadata: {namespace: default, name: dev}
-endpoint: localhost:8082
-token: $(secret dev-client token)
-tls: {ca: $ca}
-drivers: {allow: [], unsafe: true}
-YAML
-  cat >"$jdir/exporter-demo.yaml" <<YAML
-apiVersion: jumpstarter.dev/v1alpha1
-kind: ExporterConfig
-metadata: {namespace: default, name: demo}
-endpoint: localhost:8082
-token: $(secret demo-exporter token)
-tls: {ca: $ca}
-export:
-  power: {type: jumpstarter_driver_power.driver.MockPower}
-YAML
-)
+jmp_configs "$jdir" localhost:8082 "$cert" "$(secret dev-client token)" "$(secret demo-exporter token)"
 cat <<TXT
 
 Jumpstarter: controller gRPC localhost:8082 (TLS, CA in Secret default/ucm-exporter-grpc-tls),
 router localhost:8083 (ucm router, log in .run/router.log). Demo Client "dev" and Exporter "demo"
-(label board=demo); their configs with tokens are in $jdir/. In another terminal:
-  source "\$(hack/jumpstarter-venv.sh)/bin/activate"   # jumpstarter 0.9.0 from PyPI (first time ~3 min)
-  jmp run --exporter-config $jdir/exporter-demo.yaml &   # the exporter, MockPower driver
-  jmp get exporters --client-config $jdir/client-dev.yaml --with online,status
-  jmp shell --client-config $jdir/client-dev.yaml -l board=demo -- j power read -n 1
+(label board=demo); their configs with tokens are in $jdir/. Exporter demo shows Message "Never
+seen" (kubectl get exporters -o wide) until an exporter connects with its token. In another terminal:
+$(jmp_commands "$jdir" | sed 's/^/  /')
 A client token for your own Client <name> (create one with kubectl first):
   e2e/bin/kubectl --kubeconfig $kubeconfig get secret <name>-client -o jsonpath='{.data.token}' | base64 -d
 TXT

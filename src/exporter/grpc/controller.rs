@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{BinaryMetadataValue, MetadataValue};
 use tonic::{Request, Response, Status};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::auth::{self, Caller, Kind};
 use super::dials::{Dials, PendingDial};
@@ -741,13 +741,17 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
         // come first: wait for it a bounded time, on whichever replica it listens
         // (docs/exporter.md, "Dial and Listen", "Dial and Listen across replicas").
         let dial = PendingDial {
-            key: (caller.namespace.clone(), lease_name),
+            key: (caller.namespace.clone(), lease_name.clone()),
             router_endpoint: router_endpoint.clone(),
             claims,
         };
         self.dials
             .dial(dial, tokio::time::Instant::now() + LISTEN_WAIT, &self.stop)
             .await?;
+        // The one place ucm can name the router: jmp reports an unreachable one only as an
+        // unreachable exporter (README, "Jumpstarter from the host").
+        info!(namespace = %caller.namespace, lease = %lease_name, client = %caller.name, %exporter,
+            "dial: client and exporter meet at router {router_endpoint}; both must reach that address");
         Ok(Response::new(pb::DialResponse {
             router_endpoint,
             router_token: token,

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# `make run [LOCAL=1]`: the builds and installs `make run` needs, one stage line each with its
+# expected duration (measured on the 2-core development machine: README, "Quick start"); tool
+# output (apt, go, cargo, buildah) goes to .run/logs/ and is shown only when a stage fails. Then
+# hack/demo/run-node.sh (root: config/default on a real local node) or hack/demo/run.sh
+# (LOCAL=1, or not root: the manager as a local process on the node-less control plane).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+. hack/demo/lib.sh
+make=${MAKE:-make}
+mode=$1
+rm -rf .run/logs
+mkdir -p .run/logs
+echo "make run: stage logs in .run/logs/"
+if [ "$mode" = node ]; then
+  stage "Debian packages if missing: buildah jq busybox-static containerd runc containernetworking-plugins iptables" \
+    "1–2 min when missing, else instant" hack/host-deps.sh image busybox node
+  stage "Go programs: kharness (control plane), kubectl, helm, promtool, kubelet, kube-scheduler, kube-proxy, CoreDNS, local-path provisioner" \
+    "about 10 min with empty Go caches, 2–4 min with warm ones, seconds when built" \
+    "$make" --no-print-directory cluster e2e/bin/kubelet e2e/bin/kube-scheduler e2e/bin/kube-proxy \
+    e2e/bin/pause e2e/bin/coredns e2e/bin/local-path-provisioner
+  stage "The ucm image: release build (thin LTO) and buildah" "7–19 min cold on 2 cores, 30 min with other builds running; seconds when unchanged" \
+    "$make" --no-print-directory image
+  stage "The node's images: pause, CoreDNS, local-path provisioner, busybox" "10–20 s" hack/image.sh node
+  exec hack/demo/run-node.sh
+fi
+[ "$mode" = local ] || echo "make run: not root, so no local node (it needs network namespaces, mounts and cgroups); running the manager as a local process, as make run LOCAL=1 does"
+stage "Go programs: kharness (control plane), kubectl, helm, promtool" \
+  "about 6 min with empty Go caches, 1–2 min with warm ones, seconds when built" \
+  "$make" --no-print-directory cluster
+stage "ucm: debug build" "5–8 min cold on 2 cores, seconds when unchanged" "$make" --no-print-directory build
+exec hack/demo/run.sh
