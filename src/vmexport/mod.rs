@@ -96,6 +96,11 @@ pub struct Settings {
     #[arg(long = "export-cert-renew-before", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub cert_renew_before: Option<Duration>,
 
+    /// After an export's TTL, how long its deletion waits for downloads in flight to finish
+    /// (the export server takes no new request after the TTL and exits when the last one ends).
+    #[arg(long = "export-ttl-transfer-wait", default_value = "24h", value_parser = crate::godur::parse, value_name = "DURATION")]
+    pub ttl_transfer_wait: Duration,
+
     /// CPU request of the export container.
     #[arg(
         long = "export-server-cpu-request",
@@ -167,6 +172,7 @@ impl Settings {
             tls_cipher_suites: self.tls_cipher_suites.clone(),
             cert_duration: self.cert_duration,
             cert_renew_before: renew,
+            ttl_transfer_wait: self.ttl_transfer_wait,
         })
     }
 }
