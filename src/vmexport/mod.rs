@@ -8,6 +8,7 @@ pub mod context;
 pub mod decide;
 #[cfg(test)]
 mod fixtures;
+pub mod ingress;
 pub mod naming;
 pub mod objects;
 pub mod observe;
@@ -236,12 +237,14 @@ pub fn rbac() -> Vec<PolicyRule> {
 }
 
 /// In the manager's namespace: the Ingress that routes to `ucm export-proxy` gives the external
-/// host of the links. (The CA Secret there is covered by the cluster-wide secrets rule.)
+/// host of the links, and gets the download time-outs (patch: server-side apply of those
+/// annotations only; ingress.rs). (The CA Secret there is covered by the cluster-wide secrets
+/// rule.)
 pub fn namespaced_rbac() -> Vec<PolicyRule> {
     vec![rule(
         &["networking.k8s.io"],
         &["ingresses"],
-        &["get", "list", "watch"],
+        &["get", "list", "watch", "patch"],
     )]
 }
 

@@ -852,3 +852,109 @@ async fn e23_proxy_admission_limit_answers_429_with_retry_after() {
     assert!(log.contains("status=429"), "{log}");
     drop(m);
 }
+
+/// Issue 34: the Ingress that routes to `ucm export-proxy` gets the download time-outs of
+/// ingress-nginx and of the OpenShift/HAProxy router, applied by ucm under its own field manager;
+/// a value the user set is kept, and a later change by the user is not reverted; an Ingress to
+/// another Service is not touched.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e25_proxy_ingress_gets_download_timeouts_and_keeps_user_values() {
+    use k8s_openapi::api::networking::v1::Ingress;
+    let env = TestEnv::new("vmx-e25").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    let m = manager(&env);
+    m.wait_ready().await;
+    let ings: Api<Ingress> = Api::namespaced(c.clone(), &ns);
+    let ingress = |name: &str, service: &str| -> Ingress {
+        serde_json::from_value(json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": name, "annotations": {
+                // the user's own route time-out
+                "haproxy.router.openshift.io/timeout": "5m"}},
+            "spec": {"rules": [{"host": format!("{name}.example.test"), "http": {"paths": [{
+                "path": "/api/export.kubevirt.io", "pathType": "Prefix",
+                "backend": {"service": {"name": service, "port": {"number": 443}}}}]}}]},
+        }))
+        .unwrap()
+    };
+    // The user applies them server-side, as `kubectl apply --server-side` or Helm would.
+    for (name, svc) in [
+        ("vmexport", "ucm-export-proxy"),
+        ("other", "something-else"),
+    ] {
+        ings.patch(
+            name,
+            &PatchParams::apply("user-kubectl"),
+            &Patch::Apply(ingress(name, svc)),
+        )
+        .await
+        .unwrap();
+    }
+    let ann = |i: &Ingress, k: &str| i.annotations().get(k).cloned();
+    eventually(WAIT, "the time-outs on the proxy's Ingress", || async {
+        let i = ings.get("vmexport").await.unwrap();
+        ann(&i, "nginx.ingress.kubernetes.io/proxy-read-timeout").as_deref() == Some("86400")
+            && ann(&i, "nginx.ingress.kubernetes.io/proxy-send-timeout").as_deref() == Some("86400")
+    })
+    .await;
+    let i = ings.get("vmexport").await.unwrap();
+    assert_eq!(
+        ann(&i, "haproxy.router.openshift.io/timeout").as_deref(),
+        Some("5m"),
+        "the user's value is kept"
+    );
+    // Field ownership: ucm's manager owns its two annotations and not the user's.
+    let mf = i.metadata.managed_fields.clone().unwrap_or_default();
+    let ours = mf
+        .iter()
+        .find(|f| f.manager.as_deref() == Some("ucm-vmexport-timeouts"))
+        .expect("ucm's field manager");
+    let fields = serde_json::to_string(&ours.fields_v1).unwrap();
+    assert!(fields.contains("proxy-read-timeout") && fields.contains("proxy-send-timeout"));
+    assert!(!fields.contains("haproxy"), "{fields}");
+    let rv = i.metadata.resource_version.clone();
+
+    // The user re-applies with its own read time-out (forced, as server-side apply asks when
+    // another manager owns a field; `kubectl annotate` would need nothing): it wins and ucm does
+    // not revert it.
+    let mut mine = ingress("vmexport", "ucm-export-proxy");
+    mine.metadata.annotations.as_mut().unwrap().insert(
+        "nginx.ingress.kubernetes.io/proxy-read-timeout".into(),
+        "3600".into(),
+    );
+    let applied = ings
+        .patch(
+            "vmexport",
+            &PatchParams::apply("user-kubectl").force(),
+            &Patch::Apply(mine),
+        )
+        .await
+        .unwrap();
+    assert_ne!(applied.metadata.resource_version, rv);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let i = ings.get("vmexport").await.unwrap();
+    assert_eq!(
+        ann(&i, "nginx.ingress.kubernetes.io/proxy-read-timeout").as_deref(),
+        Some("3600")
+    );
+    assert_eq!(
+        ann(&i, "nginx.ingress.kubernetes.io/proxy-send-timeout").as_deref(),
+        Some("86400")
+    );
+    assert_eq!(
+        ann(&i, "haproxy.router.openshift.io/timeout").as_deref(),
+        Some("5m")
+    );
+    // An Ingress to another Service is left as the user wrote it.
+    let o = ings.get("other").await.unwrap();
+    assert!(ann(&o, "nginx.ingress.kubernetes.io/proxy-read-timeout").is_none());
+    assert!(
+        !o.metadata
+            .managed_fields
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f.manager.as_deref() == Some("ucm-vmexport-timeouts"))
+    );
+    drop(m);
+}
