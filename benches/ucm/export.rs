@@ -4,7 +4,11 @@
 //! run, from the page cache. curl downloads to /dev/null (gzip streams are not decompressed).
 //! Throughput is file bytes per second (for gzip: uncompressed bytes per second). The same raw
 //! download also goes through `ucm export-proxy` (KubeVirt's external URL, the token checked
-//! against an export and Secret on the phase's control plane) to the same server.
+//! against an export and Secret on the phase's control plane) to the same server, and through a
+//! reference TLS reverse proxy, nginx from Debian (`proxy_pass https://`, the same certificates:
+//! the proxy's serving certificate and the export CA to verify the server). Then 50 concurrent
+//! downloads (each a 1/50 range of the file) go straight to the server, through ucm's proxy and
+//! through nginx's; each proxy's CPU time per GiB moved comes from /proc (issues 32 and 34).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -128,6 +132,140 @@ http {{
     wait_port(http);
     wait_port(https);
     Nginx { child }
+}
+
+/// nginx from Debian as a reference TLS reverse proxy in front of the export server on
+/// `upstream`: the external path prefix stripped as ucm's proxy strips it, the server verified
+/// with the export CA under its Service name, HTTP/1.1 upstream, responses buffered in memory
+/// only (`proxy_max_temp_file_size 0`: never spooled to disk). Its own instance, so its CPU is
+/// its own.
+fn nginx_proxy(dir: &Path, port: u16, upstream: u16, cert: &Path, key: &Path, ca: &Path) -> Nginx {
+    let dir = dir.join("nginx-proxy");
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    let conf = dir.join("nginx.conf");
+    // SAFETY: geteuid takes no arguments, touches no memory and cannot fail.
+    let user = if unsafe { libc::geteuid() } == 0 {
+        "user root;"
+    } else {
+        ""
+    };
+    std::fs::write(
+        &conf,
+        format!(
+            r#"{user}
+worker_processes auto;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/tmp;
+    proxy_temp_path {dir}/tmp;
+    fastcgi_temp_path {dir}/tmp;
+    uwsgi_temp_path {dir}/tmp;
+    scgi_temp_path {dir}/tmp;
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        ssl_certificate {cert};
+        ssl_certificate_key {key};
+        location {prefix}/ {{
+            proxy_pass https://127.0.0.1:{upstream}/;
+            proxy_http_version 1.1;
+            proxy_set_header Host {SVC}.{NS}.svc;
+            proxy_ssl_server_name on;
+            proxy_ssl_name {SVC}.{NS}.svc;
+            proxy_ssl_verify on;
+            proxy_ssl_trusted_certificate {ca};
+            proxy_buffering on;
+            proxy_buffers 16 256k;
+            proxy_busy_buffers_size 512k;
+            proxy_max_temp_file_size 0;
+            proxy_read_timeout 1h;
+        }}
+    }}
+}}
+"#,
+            dir = dir.display(),
+            cert = cert.display(),
+            key = key.display(),
+            ca = ca.display(),
+            prefix = EXTERNAL_PREFIX,
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new("nginx");
+    crate::child::die_with_parent(&mut cmd);
+    let child = cmd
+        .arg("-c")
+        .arg(&conf)
+        .arg("-p")
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("nginx.out")).unwrap())
+        .spawn()
+        .expect("nginx (Debian package nginx; hack/bench/bench.sh installs it)");
+    wait_port(port);
+    Nginx { child }
+}
+
+/// The external path of the export `bench` (KubeVirt's proxy scheme).
+const EXTERNAL_PREFIX: &str =
+    "/api/export.kubevirt.io/v1/namespaces/bench/virtualmachineexports/bench";
+
+/// CPU seconds of a process and its children that are alive (nginx's workers).
+fn tree_cpu(pid: u32) -> f64 {
+    let kids =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    crate::procs::cpu_secs(pid)
+        + kids
+            .split_whitespace()
+            .filter_map(|k| k.parse::<u32>().ok())
+            .map(crate::procs::cpu_secs)
+            .sum::<f64>()
+}
+
+/// `n` concurrent curls, each downloading its 1/n range of the `bytes`-long file at `url`
+/// (every byte once in all); returns the wall time. Each range must come back whole (206).
+fn concurrent(url: &str, ca: &Path, hdr: &str, bytes: u64, n: u64) -> f64 {
+    let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
+    let resolve = format!("{authority}:127.0.0.1");
+    let chunk = bytes.div_ceil(n);
+    let t0 = Instant::now();
+    let kids: Vec<_> = (0..n)
+        .map(|i| {
+            let (a, b) = (i * chunk, ((i + 1) * chunk).min(bytes) - 1);
+            let child = Command::new("curl")
+                .args([
+                    "-sS",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code} %{size_download}",
+                ])
+                .arg("--cacert")
+                .arg(ca)
+                .args(["--resolve", &resolve, "-H", hdr, "-r", &format!("{a}-{b}")])
+                .arg(url)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("curl");
+            (child, b - a + 1)
+        })
+        .collect();
+    for (k, want) in kids {
+        let out = k.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(
+            text,
+            format!("206 {want}"),
+            "curl {url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    t0.elapsed().as_secs_f64()
 }
 
 fn wait_port(port: u16) {
@@ -281,9 +419,28 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         &["-H", &hdr],
         Some(bytes),
     );
-    let (proxy, proxy_url) = export_proxy(ctx, &dir, &ca, port).await;
+    // Both proxies serve the same certificate, issued from the export CA for the proxy Service.
+    let psrv = certs::issue_serving(
+        &ca,
+        ucm::vmexport::proxy::SERVICE,
+        NS,
+        now,
+        Duration::from_secs(3600),
+    )
+    .unwrap();
+    let (pcrt, pkey) = (dir.join("proxy.crt"), dir.join("proxy.key"));
+    std::fs::write(&pcrt, &psrv.cert).unwrap();
+    std::fs::write(&pkey, &psrv.key).unwrap();
+    let (proxy, proxy_url) = export_proxy(ctx, &dir, &ca, port, &pcrt, &pkey).await;
     curl(&proxy_url, &ca_path, &["-H", &hdr], Some(bytes));
-    let mut s: [Vec<f64>; 6] = Default::default();
+    let nport = free_port();
+    let nproxy = nginx_proxy(&dir, nport, port, &pcrt, &pkey, &ca_path);
+    let nproxy_url = format!(
+        "https://{}.{NS}.svc:{nport}{EXTERNAL_PREFIX}/volumes/disk/disk.img",
+        ucm::vmexport::proxy::SERVICE
+    );
+    curl(&nproxy_url, &ca_path, &["-H", &hdr], Some(bytes));
+    let mut s: [Vec<f64>; 7] = Default::default();
     let mib = |secs: f64| bytes as f64 / f64::from(1 << 20) / secs;
     for r in 0..ctx.runs {
         s[0].push(mib(curl(
@@ -312,12 +469,34 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         )));
         s[4].push(mib(pigz(&img)));
         s[5].push(mib(curl(&proxy_url, &ca_path, &["-H", &hdr], Some(bytes))));
+        s[6].push(mib(curl(&nproxy_url, &ca_path, &["-H", &hdr], Some(bytes))));
         eprintln!(
-            "  run {r}: ucm raw {:.0}, nginx http {:.0}, nginx https {:.0}, ucm gzip {:.0}, pigz {:.0}, raw through ucm export-proxy {:.0} MiB/s",
-            s[0][r], s[1][r], s[2][r], s[3][r], s[4][r], s[5][r]
+            "  run {r}: ucm raw {:.0}, nginx http {:.0}, nginx https {:.0}, ucm gzip {:.0}, pigz {:.0}, raw through ucm export-proxy {:.0}, through nginx proxy_pass {:.0} MiB/s",
+            s[0][r], s[1][r], s[2][r], s[3][r], s[4][r], s[5][r], s[6][r]
         );
     }
     drop(web);
+    // 50 concurrent downloads: aggregate MiB/s straight, through ucm's proxy, through nginx's;
+    // CPU seconds per GiB of each proxy over its runs.
+    const CONC: u64 = 50;
+    let gib = bytes as f64 / f64::from(1 << 30);
+    let mut c50: [Vec<f64>; 3] = Default::default();
+    let mut cpu: [Vec<f64>; 2] = Default::default();
+    let direct_url = ucm_url("/volumes/disk/disk.img");
+    for r in 0..ctx.runs {
+        c50[0].push(mib(concurrent(&direct_url, &ca_path, &hdr, bytes, CONC)));
+        let c0 = crate::procs::cpu_secs(proxy.pid());
+        c50[1].push(mib(concurrent(&proxy_url, &ca_path, &hdr, bytes, CONC)));
+        cpu[0].push((crate::procs::cpu_secs(proxy.pid()) - c0) / gib);
+        let n0 = tree_cpu(nproxy.child.id());
+        c50[2].push(mib(concurrent(&nproxy_url, &ca_path, &hdr, bytes, CONC)));
+        cpu[1].push((tree_cpu(nproxy.child.id()) - n0) / gib);
+        eprintln!(
+            "  run {r}, {CONC} concurrent: direct {:.0}, ucm export-proxy {:.0} ({:.2} CPU s/GiB), nginx proxy_pass {:.0} ({:.2} CPU s/GiB) MiB/s",
+            c50[0][r], c50[1][r], cpu[0][r], c50[2][r], cpu[1][r]
+        );
+    }
+    drop(nproxy);
     drop(proxy);
 
     // The gzip stream must be valid and round-trip to the source (docs/vmexport.md, "Performance
@@ -379,6 +558,20 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             .reference(med(&s[0]), "the same raw download straight from ucm export-server", true)
             .higher_is_better()
             .note("goal ≥ 90 % of direct (issue 18); the proxy terminates TLS and re-encrypts to the server, so the 2 cores carry two TLS hops plus curl; token checked against the export's Secret on the API server"),
+        Figure::new(PHASE, "export.proxy_vs_nginx_proxy", &format!("raw download of a {size} file through ucm export-proxy vs through nginx proxy_pass https://"), "MiB/s", s[5].clone())
+            .reference(med(&s[6]), "nginx from Debian as TLS reverse proxy, same certificates, same export server", true)
+            .higher_is_better()
+            .note("goal ≥ 1.0× (issue 32, goal 5); nginx checks no token, ucm's proxy reads the export and its token Secret from the API server per request"),
+        Figure::new(PHASE, "export.proxy50_vs_direct", &format!("50 concurrent downloads (1/50 range of the {size} file each): aggregate through ucm export-proxy vs straight from the export server"), "MiB/s", c50[1].clone())
+            .reference(med(&c50[0]), "the same 50 ranges straight from ucm export-server", true)
+            .higher_is_better()
+            .note("issue 34: admission default (--max-transfers 512) admits all 50"),
+        Figure::new(PHASE, "export.proxy50_vs_nginx_proxy", "50 concurrent downloads: aggregate through ucm export-proxy vs through nginx proxy_pass https://", "MiB/s", c50[1].clone())
+            .reference(med(&c50[2]), "nginx as TLS reverse proxy, same 50 ranges", true)
+            .higher_is_better(),
+        Figure::new(PHASE, "export.proxy_cpu_per_gib", "CPU seconds per GiB moved by the proxy process, 50 concurrent downloads: ucm export-proxy vs nginx proxy_pass https://", "CPU s/GiB", cpu[0].clone())
+            .reference(med(&cpu[1]), "nginx master and workers, same runs", true)
+            .note("from /proc utime+stime; both decrypt from the server and encrypt to the client"),
         Figure::new(PHASE, "export.gzip_vs_pigz", &format!("gzip download of a {size} file: ucm export-server (parallel gzip, HTTPS) vs pigz"), "MiB/s", s[3].clone())
             .reference(med(&s[4]), "pigz -6 to /dev/null, same file, 2 threads", true)
             .higher_is_better()
@@ -398,7 +591,14 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
 /// Service is SVC and whose token Secret holds TOKEN, and the export CA Secret, on the phase's
 /// control plane; the proxy reads them with the manager's identity. Returns the proxy and the
 /// external URL of the raw image.
-async fn export_proxy(ctx: &Ctx, dir: &Path, ca: &certs::Pem, upstream: u16) -> (Proc, String) {
+async fn export_proxy(
+    ctx: &Ctx,
+    dir: &Path,
+    ca: &certs::Pem,
+    upstream: u16,
+    cert: &Path,
+    key: &Path,
+) -> (Proc, String) {
     use k8s_openapi::api::core::v1::Secret;
     use kube::Api;
     use kube::api::{Patch, PatchParams, PostParams};
@@ -445,11 +645,13 @@ async fn export_proxy(ctx: &Ctx, dir: &Path, ca: &certs::Pem, upstream: u16) -> 
         &format!("--kubeconfig={}", ctx.plane.manager_kubeconfig.display()),
         &format!("--namespace={NS}"),
         &format!("--upstream-address=127.0.0.1:{upstream}"),
+        &format!("--tls-cert-file={}", cert.display()),
+        &format!("--tls-key-file={}", key.display()),
     ]);
     let p = Proc::spawn(cmd, dir.join("export-proxy.log"));
     wait_port(port);
     let url = format!(
-        "https://{}.{NS}.svc:{port}/api/export.kubevirt.io/v1/namespaces/{NS}/virtualmachineexports/bench/volumes/disk/disk.img",
+        "https://{}.{NS}.svc:{port}{EXTERNAL_PREFIX}/volumes/disk/disk.img",
         ucm::vmexport::proxy::SERVICE
     );
     (p, url)

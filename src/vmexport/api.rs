@@ -44,6 +44,8 @@ pub const REASON_SOURCE_API_NOT_INSTALLED: &str = "SourceAPINotInstalled";
 pub const REASON_POD_CREATION_FAILED: &str = "PodCreationFailed";
 pub const REASON_OBJECT_CREATION_FAILED: &str = "ObjectCreationFailed";
 pub const REASON_INVALID_TOKEN_SECRET_REF: &str = "InvalidTokenSecretRef";
+/// The TTL passed while the export Pod runs: deletion waits for downloads in flight.
+pub const REASON_WAITING_FOR_TRANSFERS: &str = "WaitingForTransfers";
 
 /// Every reason this feature writes, for validation tests.
 pub const ALL_REASONS: &[&str] = &[
@@ -69,12 +71,16 @@ pub const ALL_REASONS: &[&str] = &[
     REASON_INVALID_TOKEN_SECRET_REF,
     REASON_POD_CREATION_FAILED,
     REASON_OBJECT_CREATION_FAILED,
+    REASON_WAITING_FOR_TRANSFERS,
 ];
 
 pub const APP_LABEL: &str = "kubevirt.io";
 pub const APP_LABEL_VALUE: &str = "virt-exporter";
 pub const EXPORT_SERVICE_LABEL: &str = "kubevirt.io.virt-export-service";
 pub const ANN_CERT_PARAMS: &str = "kubevirt.io/export.certParameters";
+/// On the serving-certificate Secret (OURS): when it is renewed in place (notAfter −
+/// renewBefore, RFC 3339), so a pass knows from the cached metadata alone.
+pub const ANN_CERT_RENEW_AT: &str = "ucm.io/renew-at";
 pub const ANN_CONTENT_TYPE: &str = "cdi.kubevirt.io/storage.contentType";
 
 pub const TOKEN_KEY: &str = "token";

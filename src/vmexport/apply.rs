@@ -30,7 +30,7 @@ use super::objects::manifest::{
     EXPAND_API, ManifestInput, build_manifest_configmap, expand_request, needs_expansion,
 };
 use super::objects::owner_reference;
-use super::objects::pod::{ExportVolume, PodInput, build_pod, deadline, dedup_volumes};
+use super::objects::pod::{ExportVolume, PodInput, build_pod, dedup_volumes};
 use super::objects::service::service_conflict;
 use super::objects::status::condition;
 use super::objects::token::{build_token_secret, generate_token};
@@ -121,7 +121,7 @@ pub(super) async fn apply(
                 let ca = ctx.ca().await?;
                 match ensure_cert(ctx, export, &ca, observed.cert.as_ref()).await {
                     Err(f) => failure = Some(f.condition()),
-                    Ok(not_after) => {
+                    Ok(_) => {
                         let expiry = plan
                             .status
                             .ttl_expiration_time
@@ -134,7 +134,9 @@ pub(super) async fn apply(
                             volumes: &volumes,
                             token_secret: token_name,
                             cert_secret: &naming::cert_secret_name(&name),
-                            deadline: deadline(not_after, ctx.cfg.pod.cert_renew_before, expiry),
+                            // The TTL only: the certificate is renewed under the running
+                            // server ("Certificates", rule 4).
+                            deadline: expiry,
                             vm_manifest,
                         };
                         match create_pod(ctx, export, &build_pod(&input, &ctx.cfg.pod)).await {
@@ -158,6 +160,12 @@ pub(super) async fn apply(
             CertStep::Present if failure.is_none() && observed.cert.is_none() => {
                 let ca = ctx.ca().await?;
                 if let Err(f) = ensure_cert(ctx, export, &ca, None).await {
+                    failure = Some(f.condition());
+                }
+            }
+            CertStep::Renew if failure.is_none() => {
+                let ca = ctx.ca().await?;
+                if let Err(f) = renew_cert(ctx, export, &ca).await {
                     failure = Some(f.condition());
                 }
             }
@@ -580,6 +588,21 @@ async fn current_or_reissue(
     Ok(not_after)
 }
 
+/// Reissues the serving certificate in place under a running Pod (the plan checked that the
+/// cached Secret is ours and due).
+async fn renew_cert(ctx: &Context, export: &VirtualMachineExport, ca: &Pem) -> Result<(), Failed> {
+    let ns = export.namespace().unwrap_or_default();
+    let name = naming::cert_secret_name(&export.name_any());
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let (secret, not_after) = cert_secret(ctx, export, ca, jiff::Timestamp::now())?;
+    ctx.writer
+        .apply(&api, &secret)
+        .await
+        .map_err(|e| format!("Secret {name}: {e}"))?;
+    tracing::info!(%ns, secret = %name, %not_after, "serving certificate renewed under the running export server");
+    Ok(())
+}
+
 /// A new serving certificate Secret and its notAfter.
 fn cert_secret(
     ctx: &Context,
@@ -595,6 +618,9 @@ fn cert_secret(
     let not_after = certs::inspect(&pem.cert, &ca.cert)
         .map_err(|e| format!("Secret {name}: {e}"))?
         .not_after;
+    let renew = jiff::SignedDuration::try_from(ctx.cfg.pod.cert_renew_before)
+        .unwrap_or(jiff::SignedDuration::ZERO);
+    let renew_at = not_after.checked_sub(renew).unwrap_or(now);
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(name.clone()),
@@ -602,6 +628,12 @@ fn cert_secret(
             labels: Some(BTreeMap::from([(
                 APP_LABEL.to_string(),
                 APP_LABEL_VALUE.to_string(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                ANN_CERT_RENEW_AT.to_string(),
+                jiff::Timestamp::from_second(renew_at.as_second())
+                    .unwrap_or(renew_at)
+                    .to_string(),
             )])),
             owner_references: Some(vec![owner_reference(export)]),
             ..Default::default()

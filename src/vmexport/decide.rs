@@ -68,6 +68,9 @@ pub enum CertStep {
     Valid,
     /// While a pod runs: only a missing Secret is issued again.
     Present,
+    /// While a pod runs, the certificate is due: reissued in place; the server reloads it and
+    /// open connections keep the old one (docs/vmexport.md, "Certificates", rule 4).
+    Renew,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -267,9 +270,15 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
         now,
     };
 
-    // Step 3: TTL, in any phase, whether or not a pod exists.
+    // Step 3: TTL, in any phase, whether or not a pod exists; a running export Pod may still
+    // be serving downloads, which it finishes before it exits (bounded by the flag).
     let Some(until) = until_expiry(now_ts, expiry) else {
-        plan.expired = true;
+        match transfers_may_run(o, cfg, expiry, now_ts) {
+            None => plan.expired = true,
+            Some((left, until)) => {
+                wait_for_transfers(&mut plan, &mut status, export.status.as_ref(), left, until);
+            }
+        }
         return plan;
     };
     plan.requeue = until.max(Duration::from_millis(1));
@@ -369,7 +378,16 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
         } else if pod.is_some() && plan.failure.is_none() {
             match cert_conflict {
                 Some(f) => plan.failure = Some(f.condition()),
-                None => plan.cert = CertStep::Present,
+                None => {
+                    plan.cert = match renew_in(o.cert.as_ref(), now_ts) {
+                        Some(d) if d > Duration::ZERO => {
+                            plan.requeue = plan.requeue.min(d);
+                            CertStep::Present
+                        }
+                        _ if o.cert.is_some() => CertStep::Renew,
+                        _ => CertStep::Present,
+                    }
+                }
             }
         }
         plan.token = token;
@@ -436,6 +454,90 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
         plan.links_pod = None;
     }
     plan
+}
+
+/// How long until the cached serving-certificate Secret is due for renewal (one minute before
+/// its `ucm.io/renew-at`); `None` when it does not say (made by an older ucm: renewed now).
+fn renew_in(cert: Option<&ObjectMeta>, now: jiff::Timestamp) -> Option<Duration> {
+    let at: jiff::Timestamp = cert?
+        .annotations
+        .as_ref()?
+        .get(ANN_CERT_RENEW_AT)?
+        .parse()
+        .ok()?;
+    let due = at.checked_sub(jiff::SignedDuration::from_mins(1)).ok()?;
+    Some(if due > now {
+        Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO)
+    } else {
+        Duration::ZERO
+    })
+}
+
+/// After the TTL: the time left for downloads in flight, and until when, while this export's
+/// own Pod runs (the server stops taking requests at its DEADLINE, the TTL, and exits when the
+/// last one ends; docs/vmexport.md, "TTL", rule 4). `None`: delete now.
+fn transfers_may_run(
+    o: &Observed,
+    cfg: &Config,
+    expiry: jiff::Timestamp,
+    now: jiff::Timestamp,
+) -> Option<(Duration, jiff::Timestamp)> {
+    let p = o.pod.as_ref()?;
+    let running = p.metadata.deletion_timestamp.is_none()
+        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && controlled_by(&p.metadata, &o.export.uid().unwrap_or_default());
+    let wait = jiff::SignedDuration::try_from(cfg.pod.ttl_transfer_wait).ok()?;
+    let until = expiry.checked_add(wait).ok()?;
+    (running && now < until).then(|| {
+        (
+            Duration::try_from(until.duration_since(now)).unwrap_or(Duration::ZERO),
+            until,
+        )
+    })
+}
+
+/// The status while the deletion waits for downloads: `Terminated` (no new download starts),
+/// `Ready=False/WaitingForTransfers` saying until when, no links; told once as an event.
+fn wait_for_transfers(
+    plan: &mut Plan,
+    status: &mut VirtualMachineExportStatus,
+    old: Option<&VirtualMachineExportStatus>,
+    left: Duration,
+    until: jiff::Timestamp,
+) {
+    let expiry = status
+        .ttl_expiration_time
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .unwrap_or_default();
+    let msg = format!(
+        "The TTL expired at {expiry}: no new downloads start, and the export is deleted once the downloads in flight finish, at {until} at the latest (--export-ttl-transfer-wait)"
+    );
+    let told = old.and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
+        cs.iter().any(|c| {
+            c.type_ == COND_READY && c.reason.as_deref() == Some(REASON_WAITING_FOR_TRANSFERS)
+        })
+    });
+    if !told {
+        plan.events.push(PlannedEvent {
+            type_: EventType::Normal,
+            reason: REASON_WAITING_FOR_TRANSFERS,
+            action: "Delete",
+            note: msg.clone(),
+        });
+    }
+    let mut conds = status.conditions.take().unwrap_or_default();
+    set_kubevirt_condition(
+        &mut conds,
+        condition(COND_READY, false, REASON_WAITING_FOR_TRANSFERS, msg),
+        &plan.now,
+    );
+    status.conditions = Some(conds);
+    status.phase = Some(PHASE_TERMINATED.to_string());
+    status.links = None;
+    plan.status = status.clone();
+    plan.base = status.clone();
+    plan.requeue = left.max(Duration::from_millis(1));
 }
 
 // ---- Conflicts ("Failures") ----

@@ -134,9 +134,19 @@ fn observed(source: Source) -> Observed {
         snapshot_vm: None,
         service: Some(meta(&naming::service_name("ex"), Some(UID))),
         token: Some(meta(&naming::token_secret_name("ex"), Some(UID))),
-        cert: Some(meta(&naming::cert_secret_name("ex"), Some(UID))),
+        cert: Some(cert_meta("2026-01-01T19:12:00Z")),
         pod: None,
     }
+}
+
+/// Our certificate Secret, renewed in place at `renew_at`.
+fn cert_meta(renew_at: &str) -> ObjectMeta {
+    let mut m = meta(&naming::cert_secret_name("ex"), Some(UID));
+    m.annotations = Some(BTreeMap::from([(
+        ANN_CERT_RENEW_AT.to_string(),
+        renew_at.to_string(),
+    )]));
+    m
 }
 
 fn with_pod(mut o: Observed, p: Pod) -> Observed {
@@ -523,16 +533,102 @@ fn vm_and_snapshot_sources_name_the_vm_and_keep_a_manifest() {
 
 #[test]
 fn the_ttl_deletes_the_export_in_any_phase() {
+    for p in [
+        None,
+        Some(pod("Pending", false)),
+        Some(pod("Succeeded", false)),
+        Some(pod("Failed", false)),
+    ] {
+        let mut o = observed(available());
+        o.pod = p;
+        o.export.spec.ttl_duration = Some("30s".into());
+        let p = plan(&o, &cfg(), now());
+        assert!(p.expired);
+        assert_eq!(p.pod, PodStep::Absent, "nothing else is done");
+        assert!(p.create_service.is_none());
+        assert!(p.events.is_empty());
+    }
+    // Before the expiry, the requeue is the expiry.
     let mut o = with_pod(observed(available()), pod("Running", true));
     o.export.spec.ttl_duration = Some("30s".into());
-    let p = plan(&o, &cfg(), now());
-    assert!(p.expired);
-    assert_eq!(p.pod, PodStep::Absent, "nothing else is done");
-    assert!(p.create_service.is_none());
-    // Before the expiry, the requeue is the expiry.
     let p = plan(&o, &cfg(), t0() + jiff::SignedDuration::from_secs(10));
     assert!(!p.expired);
     assert_eq!(p.requeue, Duration::from_secs(20));
+}
+
+#[test]
+fn after_the_ttl_a_running_pod_finishes_its_downloads_within_the_wait() {
+    let mut o = with_pod(observed(available()), pod("Running", true));
+    o.export.spec.ttl_duration = Some("30s".into());
+    let mut c = cfg();
+    c.pod.ttl_transfer_wait = Duration::from_secs(3600);
+    // 30 s after the expiry: not deleted, nothing made, no links, told once, requeued at the
+    // end of the wait.
+    let p = plan(&o, &c, now());
+    assert!(!p.expired);
+    assert_eq!(p.pod, PodStep::Absent);
+    assert!(p.create_service.is_none() && p.token.is_none());
+    assert_eq!(phase(&p), PHASE_TERMINATED);
+    let (st, reason, msg) = ready_cond(&p);
+    assert_eq!(
+        (st.as_str(), reason.as_str()),
+        ("False", REASON_WAITING_FOR_TRANSFERS)
+    );
+    assert!(
+        msg.contains("2026-01-01T00:00:30Z") && msg.contains("2026-01-01T01:00:30Z"),
+        "{msg}"
+    );
+    assert!(p.status.links.is_none());
+    assert_eq!(reasons(&p), [REASON_WAITING_FOR_TRANSFERS]);
+    assert_eq!(p.requeue, Duration::from_secs(3600 - 30));
+    // The next pass with that status: the same status, no second event.
+    o.export.status = Some(p.status.clone());
+    let p2 = plan(&o, &c, now() + jiff::SignedDuration::from_secs(5));
+    assert!(p2.events.is_empty());
+    assert_eq!(p2.status, p.status);
+    // The server exited (Succeeded): deleted.
+    let mut done = o.clone();
+    done.pod = Some(pod("Succeeded", false));
+    assert!(plan(&done, &c, now()).expired);
+    // The wait is over: deleted, even with the Pod running.
+    assert!(plan(&o, &c, t0() + jiff::SignedDuration::from_secs(3630)).expired);
+    // A terminating Pod or one this export does not control holds nothing.
+    let mut term = pod("Running", true);
+    term.metadata.deletion_timestamp = Some(Time(t0()));
+    assert!(plan(&with_pod(o.clone(), term), &c, now()).expired);
+    let mut foreign = pod("Running", true);
+    foreign.metadata.owner_references = Some(vec![owner("other")]);
+    assert!(plan(&with_pod(o.clone(), foreign), &c, now()).expired);
+    // A zero wait restores deletion at the TTL.
+    c.pod.ttl_transfer_wait = Duration::ZERO;
+    assert!(plan(&o, &c, now()).expired);
+}
+
+#[test]
+fn the_certificate_is_renewed_under_a_running_pod_when_due() {
+    let o = with_pod(observed(available()), pod("Running", true));
+    // Not due: kept, and the pass looks again one minute before renew-at, or at the TTL
+    // (2 h after t0) when that comes first.
+    let mut o2 = o.clone();
+    o2.cert = Some(cert_meta("2026-01-01T00:31:00Z"));
+    let p = plan(&o2, &cfg(), now());
+    assert_eq!(p.cert, CertStep::Present);
+    assert_eq!(p.pod, PodStep::Keep);
+    assert_eq!(p.requeue, Duration::from_secs(29 * 60));
+    let p = plan(&o, &cfg(), now());
+    assert_eq!(p.requeue, Duration::from_secs(7200 - 60));
+    // Due (within the minute): renewed in place; the Pod is kept.
+    o2.cert = Some(cert_meta("2026-01-01T00:01:30Z"));
+    let p = plan(&o2, &cfg(), now());
+    assert_eq!(p.cert, CertStep::Renew);
+    assert_eq!(p.pod, PodStep::Keep);
+    assert!(p.events.is_empty());
+    // Made by an older ucm (no annotation): renewed once.
+    o2.cert = Some(meta(&naming::cert_secret_name("ex"), Some(UID)));
+    assert_eq!(plan(&o2, &cfg(), now()).cert, CertStep::Renew);
+    // Missing: issued again as before.
+    o2.cert = None;
+    assert_eq!(plan(&o2, &cfg(), now()).cert, CertStep::Present);
 }
 
 #[test]

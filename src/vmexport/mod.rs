@@ -8,6 +8,7 @@ pub mod context;
 pub mod decide;
 #[cfg(test)]
 mod fixtures;
+pub mod ingress;
 pub mod naming;
 pub mod objects;
 pub mod observe;
@@ -96,6 +97,11 @@ pub struct Settings {
     #[arg(long = "export-cert-renew-before", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub cert_renew_before: Option<Duration>,
 
+    /// After an export's TTL, how long its deletion waits for downloads in flight to finish
+    /// (the export server takes no new request after the TTL and exits when the last one ends).
+    #[arg(long = "export-ttl-transfer-wait", default_value = "24h", value_parser = crate::godur::parse, value_name = "DURATION")]
+    pub ttl_transfer_wait: Duration,
+
     /// CPU request of the export container.
     #[arg(
         long = "export-server-cpu-request",
@@ -167,6 +173,7 @@ impl Settings {
             tls_cipher_suites: self.tls_cipher_suites.clone(),
             cert_duration: self.cert_duration,
             cert_renew_before: renew,
+            ttl_transfer_wait: self.ttl_transfer_wait,
         })
     }
 }
@@ -230,12 +237,14 @@ pub fn rbac() -> Vec<PolicyRule> {
 }
 
 /// In the manager's namespace: the Ingress that routes to `ucm export-proxy` gives the external
-/// host of the links. (The CA Secret there is covered by the cluster-wide secrets rule.)
+/// host of the links, and gets the download time-outs (patch: server-side apply of those
+/// annotations only; ingress.rs). (The CA Secret there is covered by the cluster-wide secrets
+/// rule.)
 pub fn namespaced_rbac() -> Vec<PolicyRule> {
     vec![rule(
         &["networking.k8s.io"],
         &["ingresses"],
-        &["get", "list", "watch"],
+        &["get", "list", "watch", "patch"],
     )]
 }
 

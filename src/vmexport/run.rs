@@ -205,6 +205,14 @@ pub async fn run(rt: Runtime, cfg: Config) {
         Api::namespaced(rt.client.clone(), &cfg.manager_namespace),
         watcher::Config::default(),
     );
+    // The proxy's Ingress also gets the download time-outs (ingress.rs), from the leader.
+    let (ing_tx, ing_rx) = tokio::sync::mpsc::unbounded_channel::<Ingress>();
+    let ingress_events = ingress_events.inspect(move |ev| {
+        if let Ok(ing) = ev {
+            let _ = ing_tx.send(ing.clone());
+        }
+    });
+    tokio::spawn(ingress_timeouts(rt.clone(), ingress_store.clone(), ing_rx));
     let controller = rt.controller::<VirtualMachineExport>(
         CONTROLLER,
         rt.watched(),
@@ -290,6 +298,38 @@ pub async fn run(rt: Runtime, cfg: Config) {
     ));
     tokio::spawn(ensure_ca_when_leading(rt.clone(), Arc::clone(&ctx)));
     rtc::run(&rt, CONTROLLER, controller, ctx, BACKOFF_CAP, reconcile).await;
+}
+
+/// Sets the download time-outs on every Ingress to the proxy as it changes, and on all of them
+/// when this replica starts leading (docs/vmexport.md, "Ingress time-outs").
+async fn ingress_timeouts(
+    rt: Runtime,
+    store: kube::runtime::reflector::Store<Ingress>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Ingress>,
+) {
+    let mut leading = std::pin::pin!(rt.leadership.acquisitions());
+    let service = crate::vmexport::proxy::SERVICE;
+    loop {
+        let batch: Vec<Ingress> = tokio::select! {
+            _ = rt.shutdown.cancelled() => return,
+            next = leading.next() => match next {
+                None => return,
+                Some(()) => store.state().iter().map(|i| i.as_ref().clone()).collect(),
+            },
+            ing = rx.recv() => match ing {
+                None => return,
+                Some(i) => vec![i],
+            },
+        };
+        if !rt.leadership.is_leader() {
+            continue;
+        }
+        for ing in &batch {
+            if let Err(e) = super::ingress::ensure(&rt.client, ing, service).await {
+                tracing::warn!(ingress = %ing.name_any(), error = %e, "cannot set the download time-outs on the Ingress");
+            }
+        }
+    }
 }
 
 /// The export proxy waits for the CA before it serves: the leader creates it as it starts

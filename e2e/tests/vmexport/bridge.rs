@@ -76,6 +76,16 @@ impl Drop for Bridge {
 }
 
 impl Bridge {
+    /// Where the pod's mount paths are (`<root>/cert`, `<root>/export-volumes/...`).
+    pub(super) fn root(&self) -> &std::path::Path {
+        self._tmp.path()
+    }
+
+    /// The server's exit status once it has exited, or `None` if it still runs.
+    pub(super) fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
     pub(super) async fn start(env: &TestEnv, pod: &Pod) -> Bridge {
         let (c, ns) = (&env.client, env.ns.as_str());
         let tmp = tempfile::tempdir().unwrap();

@@ -190,6 +190,16 @@ fn proxy_identity(admin: &std::path::Path, ns: &str, dir: &std::path::Path) -> s
 
 impl Proxy {
     fn start(kubeconfig: &std::path::Path, ns: &str, port: u16, upstream: u16) -> Proxy {
+        Proxy::start_with(kubeconfig, ns, port, upstream, &[])
+    }
+
+    fn start_with(
+        kubeconfig: &std::path::Path,
+        ns: &str,
+        port: u16,
+        upstream: u16,
+        extra: &[&str],
+    ) -> Proxy {
         let metrics = free_port();
         let log = kubeconfig.with_file_name(format!("proxy-{port}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_ucm"))
@@ -201,6 +211,7 @@ impl Proxy {
                 &format!("--namespace={ns}"),
                 &format!("--upstream-address=127.0.0.1:{upstream}"),
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -655,4 +666,295 @@ async fn e22_the_export_ca_exists_before_the_first_export_and_survives_a_restart
     let again = get_secret(&c, &ns, "ucm-export-ca").await.unwrap();
     assert_eq!(again.metadata.uid, ca.metadata.uid, "the CA was replaced");
     assert_eq!(data(&again, "tls.crt"), data(&ca, "tls.crt"));
+}
+
+/// Issue 34: `ucm export-proxy --max-transfers=2 --queue-timeout=2`: two slow downloads take
+/// both slots (`ucm_export_proxy_active_downloads` 2); a third request waits
+/// (`ucm_export_proxy_queued_requests` 1), then gets 429 with `Retry-After`; a request with a bad
+/// token is answered 401 at once without a slot; once a download ends, the next one is served,
+/// and the slow ones complete byte-exact.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e23_proxy_admission_limit_answers_429_with_retry_after() {
+    let env = TestEnv::new("vmx-e23").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ucm::vmexport::certs::new_ca(jiff::Timestamp::now()).unwrap();
+    let ca_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "ucm-export-ca"}, "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": ca.cert, "tls.key": ca.key},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(c.clone(), &ns)
+        .create(&PostParams::default(), &ca_secret)
+        .await
+        .unwrap();
+    let ca_file = dir.path().join("external-ca.crt");
+    std::fs::write(&ca_file, &ca.cert).unwrap();
+    let proxy_port = free_port();
+    let ext_host = format!("ucm-export-proxy.{ns}.svc:{proxy_port}");
+    let m = Manager::start(
+        ManagerOpts::new(&env.kubeconfig, &ns)
+            .only("vmexport")
+            .args([
+                format!("--export-external-host={ext_host}"),
+                format!("--export-external-ca-file={}", ca_file.display()),
+            ]),
+    );
+    m.wait_ready().await;
+    let proxy_kc = {
+        let (admin, ns, d) = (env.kubeconfig.clone(), ns.clone(), dir.path().to_path_buf());
+        tokio::task::spawn_blocking(move || proxy_identity(&admin, &ns, &d))
+            .await
+            .unwrap()
+    };
+    create_pvc(&c, &ns, "d", Some("kubevirt"), false).await;
+    create_export(&c, &ns, "q", pvc_source("d"), None)
+        .await
+        .unwrap();
+    wait_phase(&c, &ns, "q", "Pending", "PodPending").await;
+    mark_pod(&c, &ns, "virt-export-q", "Running", true).await;
+    let ready = wait_phase(&c, &ns, "q", "Ready", "PodReady").await;
+    let raw = link_urls(&ready.status.unwrap().links.unwrap().external.unwrap())
+        .into_iter()
+        .find(|u| u.ends_with("/disk.img"))
+        .unwrap();
+    let pod = Api::<Pod>::namespaced(c.clone(), &ns)
+        .get("virt-export-q")
+        .await
+        .unwrap();
+    let b = Bridge::start(&env, &pod).await;
+    let vol_dir = std::fs::read_dir(b.root().join("export-volumes"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let content: Vec<u8> = (0..24u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    std::fs::write(vol_dir.join("disk.img"), &content).unwrap();
+    let token = String::from_utf8(data(
+        &get_secret(&c, &ns, "export-token-q").await.unwrap(),
+        "token",
+    ))
+    .unwrap();
+    let proxy = Proxy::start_with(
+        &proxy_kc,
+        &ns,
+        proxy_port,
+        b.port,
+        &["--max-transfers=2", "--queue-timeout=2"],
+    );
+    let hdr = format!("x-kubevirt-export-token: {token}");
+    let authority = raw
+        .trim_start_matches("https://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let curl = |extra: &[&str]| {
+        let mut cmd = Command::new("curl");
+        cmd.args([
+            "-sS",
+            "--cacert",
+            ca_file.to_str().unwrap(),
+            "--connect-to",
+            &format!("{authority}:127.0.0.1:{proxy_port}"),
+        ])
+        .args(extra)
+        .arg(&raw);
+        cmd
+    };
+    // Two slow downloads (about 8 s each at 3 MiB/s) take both slots.
+    let outs: Vec<_> = (0..2)
+        .map(|i| dir.path().join(format!("slow-{i}.img")))
+        .collect();
+    let mut slow: Vec<_> = outs
+        .iter()
+        .map(|o| {
+            curl(&[
+                "-f",
+                "--limit-rate",
+                "3M",
+                "-H",
+                &hdr,
+                "-o",
+                o.to_str().unwrap(),
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    eventually(WAIT, "two transfers in flight", || async {
+        proxy.metric("ucm_export_proxy_active_downloads") == 2.0
+    })
+    .await;
+    // A bad token is refused at once, without waiting for a slot.
+    let t0 = Instant::now();
+    assert_eq!(
+        proxy.status(&raw, &ca_file, &["-H", "x-kubevirt-export-token: wrong"]),
+        401
+    );
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    // A third waits in the queue, then gets 429 with Retry-After.
+    let third = curl(&["-D", "-", "-o", "/dev/null", "-H", &hdr])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    eventually(Duration::from_secs(2), "a queued request", || async {
+        proxy.metric("ucm_export_proxy_queued_requests") == 1.0
+    })
+    .await;
+    let out = tokio::task::spawn_blocking(move || third.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(
+        head.starts_with("http/1.1 429") || head.starts_with("http/2 429"),
+        "{head}"
+    );
+    assert!(head.contains("retry-after: 10"), "{head}");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1500),
+        "429 before the queue timeout"
+    );
+    assert_eq!(proxy.metric("ucm_export_proxy_queued_requests"), 0.0);
+    // One download ends: its slot serves the next request.
+    let mut first = slow.remove(0);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_eq!(
+        proxy.status(&raw, &ca_file, &["-H", &hdr, "-r", "0-1023"]),
+        206
+    );
+    let out = tokio::task::spawn_blocking(move || slow.remove(0).wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::read(&outs[1]).unwrap() == content,
+        "a slow download differs"
+    );
+    eventually(WAIT, "no transfer left", || async {
+        proxy.metric("ucm_export_proxy_active_downloads") == 0.0
+    })
+    .await;
+    let log = std::fs::read_to_string(&proxy.log).unwrap();
+    assert!(log.contains("status=429"), "{log}");
+    drop(m);
+}
+
+/// Issue 34: the Ingress that routes to `ucm export-proxy` gets the download time-outs of
+/// ingress-nginx and of the OpenShift/HAProxy router, applied by ucm under its own field manager;
+/// a value the user set is kept, and a later change by the user is not reverted; an Ingress to
+/// another Service is not touched.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn e25_proxy_ingress_gets_download_timeouts_and_keeps_user_values() {
+    use k8s_openapi::api::networking::v1::Ingress;
+    let env = TestEnv::new("vmx-e25").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    let m = manager(&env);
+    m.wait_ready().await;
+    let ings: Api<Ingress> = Api::namespaced(c.clone(), &ns);
+    let ingress = |name: &str, service: &str| -> Ingress {
+        serde_json::from_value(json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": name, "annotations": {
+                // the user's own route time-out
+                "haproxy.router.openshift.io/timeout": "5m"}},
+            "spec": {"rules": [{"host": format!("{name}.example.test"), "http": {"paths": [{
+                "path": "/api/export.kubevirt.io", "pathType": "Prefix",
+                "backend": {"service": {"name": service, "port": {"number": 443}}}}]}}]},
+        }))
+        .unwrap()
+    };
+    // The user applies them server-side, as `kubectl apply --server-side` or Helm would.
+    for (name, svc) in [
+        ("vmexport", "ucm-export-proxy"),
+        ("other", "something-else"),
+    ] {
+        ings.patch(
+            name,
+            &PatchParams::apply("user-kubectl"),
+            &Patch::Apply(ingress(name, svc)),
+        )
+        .await
+        .unwrap();
+    }
+    let ann = |i: &Ingress, k: &str| i.annotations().get(k).cloned();
+    eventually(WAIT, "the time-outs on the proxy's Ingress", || async {
+        let i = ings.get("vmexport").await.unwrap();
+        ann(&i, "nginx.ingress.kubernetes.io/proxy-read-timeout").as_deref() == Some("86400")
+            && ann(&i, "nginx.ingress.kubernetes.io/proxy-send-timeout").as_deref() == Some("86400")
+    })
+    .await;
+    let i = ings.get("vmexport").await.unwrap();
+    assert_eq!(
+        ann(&i, "haproxy.router.openshift.io/timeout").as_deref(),
+        Some("5m"),
+        "the user's value is kept"
+    );
+    // Field ownership: ucm's manager owns its two annotations and not the user's.
+    let mf = i.metadata.managed_fields.clone().unwrap_or_default();
+    let ours = mf
+        .iter()
+        .find(|f| f.manager.as_deref() == Some("ucm-vmexport-timeouts"))
+        .expect("ucm's field manager");
+    let fields = serde_json::to_string(&ours.fields_v1).unwrap();
+    assert!(fields.contains("proxy-read-timeout") && fields.contains("proxy-send-timeout"));
+    assert!(!fields.contains("haproxy"), "{fields}");
+    let rv = i.metadata.resource_version.clone();
+
+    // The user re-applies with its own read time-out (forced, as server-side apply asks when
+    // another manager owns a field; `kubectl annotate` would need nothing): it wins and ucm does
+    // not revert it.
+    let mut mine = ingress("vmexport", "ucm-export-proxy");
+    mine.metadata.annotations.as_mut().unwrap().insert(
+        "nginx.ingress.kubernetes.io/proxy-read-timeout".into(),
+        "3600".into(),
+    );
+    let applied = ings
+        .patch(
+            "vmexport",
+            &PatchParams::apply("user-kubectl").force(),
+            &Patch::Apply(mine),
+        )
+        .await
+        .unwrap();
+    assert_ne!(applied.metadata.resource_version, rv);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let i = ings.get("vmexport").await.unwrap();
+    assert_eq!(
+        ann(&i, "nginx.ingress.kubernetes.io/proxy-read-timeout").as_deref(),
+        Some("3600")
+    );
+    assert_eq!(
+        ann(&i, "nginx.ingress.kubernetes.io/proxy-send-timeout").as_deref(),
+        Some("86400")
+    );
+    assert_eq!(
+        ann(&i, "haproxy.router.openshift.io/timeout").as_deref(),
+        Some("5m")
+    );
+    // An Ingress to another Service is left as the user wrote it.
+    let o = ings.get("other").await.unwrap();
+    assert!(ann(&o, "nginx.ingress.kubernetes.io/proxy-read-timeout").is_none());
+    assert!(
+        !o.metadata
+            .managed_fields
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f.manager.as_deref() == Some("ucm-vmexport-timeouts"))
+    );
+    drop(m);
 }

@@ -119,7 +119,7 @@ impl FakeVirtApi {
         let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
         std::fs::write(&crt, &pem.cert).unwrap();
         std::fs::write(&key, &pem.key).unwrap();
-        let tls = ucm::vmexport::server::tls::server_config(&crt, &key, None, None).unwrap();
+        let (tls, _) = ucm::vmexport::server::tls::server_config(&crt, &key, None, None).unwrap();
         let acceptor = tokio_rustls::TlsAcceptor::from(tls);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();

@@ -94,6 +94,8 @@ fn start_with(extra: &[(&str, String)], volumes: Option<Vec<(String, String)>>) 
     fs::create_dir_all(root.join("cert")).unwrap();
     fs::create_dir_all(root.join("token")).unwrap();
     fs::write(root.join("ca.crt"), &ca.cert).unwrap();
+    // The CA's key too, so a test can rotate the serving certificate.
+    fs::write(root.join("ca.key"), &ca.key).unwrap();
     fs::write(root.join("cert/tls.crt"), &srv.cert).unwrap();
     fs::write(root.join("cert/tls.key"), &srv.key).unwrap();
     fs::write(root.join("token/token"), TOKEN).unwrap();
@@ -918,6 +920,199 @@ fn s13_default_listen_address_is_dual_stack() {
     assert_eq!(out.stdout, want, "over IPv6");
     assert!(
         s.log_text().contains(&format!("[::]:{port}")),
+        "{}",
+        s.log_text()
+    );
+}
+
+/// The serving certificate a new TLS handshake to the server gets (PEM body, no armour).
+fn presented_cert(port: u16) -> String {
+    let out = Command::new("openssl")
+        .args([
+            "s_client",
+            "-connect",
+            &format!("127.0.0.1:{port}"),
+            "-servername",
+            &format!("{SVC}.{NS}.svc"),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("openssl is required for this test");
+    pem_body(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn pem_body(text: &str) -> String {
+    text.split("-----BEGIN CERTIFICATE-----")
+        .nth(1)
+        .and_then(|r| r.split("-----END CERTIFICATE-----").next())
+        .map(|b| b.split_whitespace().collect())
+        .unwrap_or_default()
+}
+
+/// Issue 34: nothing ucm does cuts a download in flight. One slow download (about 10 s) spans a
+/// certificate rotation (the files swapped as the kubelet updates a Secret volume), the
+/// server's DEADLINE (the TTL) and many idle timeouts (about 13 s); it completes byte-exact, new handshakes
+/// get the new certificate, an idle connection is closed, no connection is accepted after the
+/// DEADLINE, and the server exits 0 once the download is done.
+#[test]
+fn s14_download_spans_cert_rotation_deadline_and_idle_timeouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("big");
+    fs::create_dir_all(&vol).unwrap();
+    let img = vol.join("disk.img");
+    let content = pattern(64 << 20, 14);
+    fs::write(&img, &content).unwrap();
+    let vols = vec![
+        (
+            "VOLUME0_EXPORT_PATH".to_string(),
+            vol.to_str().unwrap().to_string(),
+        ),
+        (
+            "VOLUME0_EXPORT_RAW_URI".to_string(),
+            "/volumes/big/disk.img".to_string(),
+        ),
+    ];
+    let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(8);
+    let mut s = start_with(
+        &[
+            ("DEADLINE", deadline.to_string()),
+            ("DRAIN_SECONDS", "120".to_string()),
+            ("IDLE_TIMEOUT_SECONDS", "2".to_string()),
+        ],
+        Some(vols),
+    );
+    let old_cert = pem_body(&fs::read_to_string(s.root().join("cert/tls.crt")).unwrap());
+    assert_eq!(presented_cert(s.port), old_cert);
+
+    let got = s.root().join("got.img");
+    let download = Command::new("curl")
+        .args([
+            "-sS",
+            "-f",
+            "--http1.1",
+            "--limit-rate",
+            "5M",
+            "-o",
+            got.to_str().unwrap(),
+            "--cacert",
+            s.root().join("ca.crt").to_str().unwrap(),
+            "--resolve",
+            &format!("{SVC}.{NS}.svc:{}:127.0.0.1", s.port),
+            "-H",
+            &hdr(),
+            &s.url("/volumes/big/disk.img"),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // An idle connection (a handshake, then nothing) is closed after IDLE_TIMEOUT_SECONDS.
+    let t_idle = Instant::now();
+    let mut idle = Command::new("openssl")
+        .args([
+            "s_client",
+            "-quiet",
+            "-connect",
+            &format!("127.0.0.1:{}", s.port),
+            "-servername",
+            &format!("{SVC}.{NS}.svc"),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    // Rotate: a new certificate from the same CA, each file replaced atomically (the kubelet
+    // swaps a Secret volume's files at once; a reader may still see one new and one old file).
+    std::thread::sleep(Duration::from_millis(500));
+    let ca_pem = fs::read_to_string(s.root().join("ca.crt")).unwrap();
+    let ca_key = fs::read_to_string(s.root().join("ca.key")).unwrap();
+    let ca = certs::Pem {
+        cert: ca_pem,
+        key: ca_key,
+    };
+    let new = certs::issue_serving(
+        &ca,
+        SVC,
+        NS,
+        jiff::Timestamp::now(),
+        Duration::from_secs(7200),
+    )
+    .unwrap();
+    for (f, body) in [("tls.crt", &new.cert), ("tls.key", &new.key)] {
+        let tmp = s.root().join(format!("cert/.{f}.new"));
+        fs::write(&tmp, body).unwrap();
+        fs::rename(&tmp, s.root().join("cert").join(f)).unwrap();
+    }
+    let new_cert = pem_body(&new.cert);
+    assert_ne!(new_cert, old_cert);
+    let t_rot = Instant::now();
+    while presented_cert(s.port) != new_cert {
+        assert!(
+            t_rot.elapsed() < Duration::from_secs(5),
+            "new handshakes still get the old certificate: {}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let idle_status = loop {
+        if let Some(st) = idle.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t_idle.elapsed() < Duration::from_secs(10),
+            "an idle connection stayed open"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = idle_status;
+    assert!(t_idle.elapsed() >= Duration::from_secs(2));
+
+    // After the DEADLINE no new connection is accepted, while the download goes on.
+    while jiff::Timestamp::now() < deadline + jiff::SignedDuration::from_millis(500) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        s.status(&[&s.url("/exportready")]),
+        0,
+        "served after DEADLINE"
+    );
+    let mut child = s.child.take().unwrap();
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the server exited while a download was in flight"
+    );
+
+    let out = download.wait_with_output().unwrap();
+    let done = Instant::now();
+    assert!(
+        out.status.success(),
+        "the download was cut: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log_text()
+    );
+    assert!(
+        jiff::Timestamp::now() > deadline + jiff::SignedDuration::from_secs(2),
+        "the download did not outlast the DEADLINE; the test proves nothing"
+    );
+    let body = fs::read(&got).unwrap();
+    assert!(body == content, "the download differs from the volume");
+
+    // The last download done, the server exits 0 (the Pod becomes Succeeded).
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            done.elapsed() < Duration::from_secs(5),
+            "the server did not exit after its last download"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(
+        s.log_text().contains("serving certificate reloaded"),
         "{}",
         s.log_text()
     );

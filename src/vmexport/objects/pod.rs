@@ -102,6 +102,9 @@ pub struct PodSettings {
     pub tls_cipher_suites: Option<String>,
     pub cert_duration: Duration,
     pub cert_renew_before: Duration,
+    /// `--export-ttl-transfer-wait`: how long after the TTL downloads in flight may finish
+    /// (the server's `DRAIN_SECONDS`).
+    pub ttl_transfer_wait: Duration,
 }
 
 impl Default for PodSettings {
@@ -117,6 +120,7 @@ impl Default for PodSettings {
             tls_cipher_suites: None,
             cert_duration: Duration::from_secs(24 * 3600),
             cert_renew_before: Duration::from_secs(24 * 3600 / 5),
+            ttl_transfer_wait: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -212,6 +216,10 @@ pub fn build_pod(input: &PodInput<'_>, s: &PodSettings) -> Pod {
     env_vars.push(env("EXPORT_SECRET_DEF_URI", MANIFESTS_SECRET_PATH));
     env_vars.push(env("EXPORT_NAME", name.clone()));
     env_vars.push(env("METRICS_ADDR", format!(":{METRICS_PORT}")));
+    env_vars.push(env(
+        "DRAIN_SECONDS",
+        s.ttl_transfer_wait.as_secs().to_string(),
+    ));
     if let Some(v) = &s.tls_min_version {
         env_vars.push(env("TLS_MIN_VERSION", v.clone()));
     }
@@ -353,19 +361,6 @@ pub fn build_pod(input: &PodInput<'_>, s: &PodSettings) -> Pod {
     }
 }
 
-/// `DEADLINE = min(cert notAfter - renewBefore, ttlExpirationTime)` ("Certificates", rule 4).
-pub fn deadline(
-    cert_not_after: jiff::Timestamp,
-    renew_before: Duration,
-    ttl_expiry: jiff::Timestamp,
-) -> jiff::Timestamp {
-    let renew = jiff::SignedDuration::try_from(renew_before).unwrap_or(jiff::SignedDuration::ZERO);
-    let cert_deadline = cert_not_after
-        .checked_sub(renew)
-        .unwrap_or(jiff::Timestamp::MIN);
-    cert_deadline.min(ttl_expiry)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -493,6 +488,7 @@ mod tests {
         assert_eq!(env["KEY_FILE"], "/cert/tls.key");
         assert_eq!(env["TOKEN_FILE"], "/token/token");
         assert_eq!(env["DEADLINE"], "2026-01-01T02:00:00Z");
+        assert_eq!(env["DRAIN_SECONDS"], "86400");
         assert_eq!(env["EXPORT_SECRET_DEF_URI"], "/manifests/secret");
         assert_eq!(env["EXPORT_NAME"], "e1");
         // No VM manifest for PVC sources, no TLS variables without flags
@@ -575,17 +571,5 @@ mod tests {
         let unique: std::collections::HashSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
         assert!(names.iter().all(|n| n.len() <= 63));
-    }
-
-    #[test]
-    fn deadline_is_min_of_cert_and_ttl() {
-        let na: jiff::Timestamp = "2026-01-02T00:00:00Z".parse().unwrap();
-        let ttl: jiff::Timestamp = "2026-01-01T02:00:00Z".parse().unwrap();
-        assert_eq!(deadline(na, Duration::from_secs(3600), ttl), ttl);
-        let ttl_far: jiff::Timestamp = "2026-02-01T00:00:00Z".parse().unwrap();
-        assert_eq!(
-            deadline(na, Duration::from_secs(3600), ttl_far).to_string(),
-            "2026-01-01T23:00:00Z"
-        );
     }
 }

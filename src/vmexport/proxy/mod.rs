@@ -21,16 +21,14 @@ use futures::future::BoxFuture;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::runtime::{Agent, cli::LogFormat, logging};
 use crate::vmexport::api::{PHASE_READY, TOKEN_HEADER};
-use crate::vmexport::server::{auth, bind_listener, config::parse_addr, tls};
+use crate::vmexport::server::{auth, bind_listener, config::parse_addr, conn, tls};
 use crate::vmexport::types::VirtualMachineExport;
 use rustls::pki_types::pem::PemObject;
 
@@ -89,6 +87,20 @@ pub struct ProxyArgs {
     /// the Service name). For tests and benchmarks without cluster DNS.
     #[arg(long, hide = true, value_name = "HOST:PORT")]
     pub upstream_address: Option<String>,
+
+    /// Transfers this proxy forwards at once; more requests wait up to --queue-timeout for a
+    /// slot, then get 429 with Retry-After. 0: no limit.
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    pub max_transfers: usize,
+
+    /// How long a request waits for a transfer slot before 429 (whole seconds).
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub queue_timeout: u64,
+
+    /// After SIGTERM, how long transfers in flight may still finish (whole seconds); keep it
+    /// below the Pod's terminationGracePeriodSeconds.
+    #[arg(long, default_value_t = 25, value_name = "SECONDS")]
+    pub drain_seconds: u64,
 
     /// Log filter directive. Default: RUST_LOG, else "info".
     #[arg(long, value_name = "DIRECTIVE")]
@@ -208,6 +220,7 @@ fn text(status: StatusCode, msg: &str) -> Response<Body> {
 pub struct Metrics {
     pub bytes: IntCounter,
     pub active: IntGauge,
+    pub queued: IntGauge,
     pub requests: IntCounterVec,
 }
 
@@ -228,12 +241,18 @@ impl Metrics {
             ),
             &["code"],
         )?;
+        let queued = IntGauge::new(
+            "ucm_export_proxy_queued_requests",
+            "Requests waiting for a transfer slot (--max-transfers)",
+        )?;
         registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(active.clone()))?;
+        registry.register(Box::new(queued.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         Ok(Metrics {
             bytes,
             active,
+            queued,
             requests,
         })
     }
@@ -244,14 +263,67 @@ struct State {
     upstream_tls: tokio_rustls::TlsConnector,
     upstream_address: Option<String>,
     metrics: Metrics,
+    admission: Admission,
 }
 
-/// Decrements the active-download gauge when the response body is dropped (done or cut).
-struct Active(IntGauge);
+/// The transfer slots of `--max-transfers` (docs/vmexport.md, "Export proxy").
+pub struct Admission {
+    slots: Option<Arc<tokio::sync::Semaphore>>,
+    wait: Duration,
+}
+
+/// What a client is told when every slot stays taken for the whole wait.
+pub const RETRY_AFTER_SECONDS: u64 = 10;
+
+impl Admission {
+    pub fn new(max: usize, wait: Duration) -> Admission {
+        Admission {
+            slots: (max > 0).then(|| Arc::new(tokio::sync::Semaphore::new(max))),
+            wait,
+        }
+    }
+
+    /// A slot, waiting up to the queue timeout; `Err(())` when none frees in time.
+    pub async fn admit(
+        &self,
+        queued: &IntGauge,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ()> {
+        let Some(slots) = &self.slots else {
+            return Ok(None);
+        };
+        if let Ok(p) = Arc::clone(slots).try_acquire_owned() {
+            return Ok(Some(p));
+        }
+        queued.inc();
+        let r = tokio::time::timeout(self.wait, Arc::clone(slots).acquire_owned()).await;
+        queued.dec();
+        match r {
+            Ok(Ok(p)) => Ok(Some(p)),
+            _ => Err(()),
+        }
+    }
+}
+
+fn too_many() -> Response<Body> {
+    let mut r = text(
+        StatusCode::TOO_MANY_REQUESTS,
+        "the export proxy is at its transfer limit (--max-transfers); retry later\n",
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+    r
+}
+
+/// Decrements the active-download gauge, and frees the transfer slot, when the response body
+/// is dropped (done or cut).
+struct Active {
+    gauge: IntGauge,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
 
 impl Drop for Active {
     fn drop(&mut self) {
-        self.0.dec();
+        self.gauge.dec();
     }
 }
 
@@ -317,6 +389,10 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         return text(StatusCode::UNAUTHORIZED, "401 unauthorized\n");
     }
 
+    // Admitted only now: a request that was refused anyway holds no slot.
+    let Ok(slot) = state.admission.admit(&state.metrics.queued).await else {
+        return too_many();
+    };
     let host = format!("{service}.{}.svc", t.namespace);
     let addr = state
         .upstream_address
@@ -348,14 +424,17 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let Ok(out) = out.body(body) else {
         return text(StatusCode::BAD_REQUEST, "bad request\n");
     };
-    let (mut sender, conn) =
-        match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!(error = %e, "HTTP handshake with the export server failed");
-                return text(StatusCode::BAD_GATEWAY, "cannot reach the export server\n");
-            }
-        };
+    let (mut sender, conn) = match hyper::client::conn::http1::Builder::new()
+        .max_buf_size(UPSTREAM_READ_BUF)
+        .handshake(TokioIo::new(upstream))
+        .await
+    {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::warn!(error = %e, "HTTP handshake with the export server failed");
+            return text(StatusCode::BAD_GATEWAY, "cannot reach the export server\n");
+        }
+    };
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "upstream connection ended with an error");
@@ -387,9 +466,12 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         }
     }
     state.metrics.active.inc();
-    let active = Active(state.metrics.active.clone());
+    let active = Active {
+        gauge: state.metrics.active.clone(),
+        _slot: slot,
+    };
     let bytes = state.metrics.bytes.clone();
-    let body = body
+    let body = read_ahead(body)
         .map_frame(move |f| {
             let _hold = &active;
             if let Some(d) = f.data_ref() {
@@ -399,6 +481,41 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         })
         .boxed_unsync();
     Response::from_parts(parts, body)
+}
+
+/// Frames read ahead from the export server while the client is written to (bounded: at most
+/// [`READ_AHEAD`] frames of at most [`UPSTREAM_READ_BUF`] bytes, 256 KiB a transfer). hyper's
+/// client body hands over one frame at a time and reads the next only when asked, so without
+/// this the two TLS hops take turns instead of overlapping (a single download reached 0.76× of
+/// nginx `proxy_pass`, which buffers). An upstream error is passed on as an error frame, so
+/// a cut download never looks complete; a client that goes away stops the reading.
+fn read_ahead(mut body: Incoming) -> http_body_util::StreamBody<ReadAhead> {
+    let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
+    tokio::spawn(async move {
+        while let Some(f) = body.frame().await {
+            let end = f.is_err();
+            if tx.send(f).await.is_err() || end {
+                break;
+            }
+        }
+    });
+    http_body_util::StreamBody::new(ReadAhead(rx))
+}
+
+const READ_AHEAD: usize = 8;
+const UPSTREAM_READ_BUF: usize = 32 * 1024;
+
+struct ReadAhead(tokio::sync::mpsc::Receiver<Result<hyper::body::Frame<Bytes>, hyper::Error>>);
+
+impl futures::Stream for ReadAhead {
+    type Item = Result<hyper::body::Frame<Bytes>, hyper::Error>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
 }
 
 async fn connect(
@@ -468,7 +585,13 @@ pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
     client_cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
 
     let server_cfg = match (&args.tls_cert_file, &args.tls_key_file) {
-        (Some(c), Some(k)) => tls::server_config(c, k, None, None)?,
+        (Some(c), Some(k)) => {
+            // Reloaded when the mounted Secret changes (cert-manager renewals): open
+            // connections keep theirs.
+            let (cfg, files) = tls::server_config(c, k, None, None)?;
+            files.spawn_reloader();
+            cfg
+        }
         _ => {
             let pem = crate::vmexport::certs::issue_serving(
                 &ca,
@@ -487,10 +610,11 @@ pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
         upstream_tls: tokio_rustls::TlsConnector::from(Arc::new(client_cfg)),
         upstream_address: args.upstream_address.clone(),
         metrics,
+        admission: Admission::new(args.max_transfers, Duration::from_secs(args.queue_timeout)),
     });
     let addr = parse_addr(&args.listen_address).map_err(anyhow::Error::msg)?;
     let listener = bind_listener(addr)?;
-    tracing::info!(addr = %listener.local_addr()?, "export proxy listening");
+    tracing::info!(addr = %listener.local_addr()?, max_transfers = args.max_transfers, "export proxy listening");
     let shutdown = async {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -498,33 +622,17 @@ pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {},
             _ = tokio::signal::ctrl_c() => {},
         }
+        tracing::info!("shutting down; transfers in flight may finish");
     };
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => {
-                tracing::info!("shutting down");
-                return Ok(());
-            }
-            accepted = listener.accept() => {
-                let Ok((tcp, peer)) = accepted else { continue };
-                let _ = tcp.set_nodelay(true);
-                let acceptor = acceptor.clone();
-                let state = Arc::clone(&state);
-                tokio::spawn(async move {
-                    let Some(tls) = crate::vmexport::server::tls_accept(&acceptor, tcp, peer).await else { return };
-                    let svc = service_fn(move |req| {
-                        let state = Arc::clone(&state);
-                        async move { Ok::<_, std::convert::Infallible>(handle(state, req).await) }
-                    });
-                    let builder = auto::Builder::new(TokioExecutor::new());
-                    if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
-            }
-        }
+    let handler = move |req, _peer| handle(Arc::clone(&state), req);
+    let timeouts = conn::Timeouts {
+        idle: conn::IDLE_TIMEOUT,
+        drain: Duration::from_secs(args.drain_seconds),
+    };
+    if !conn::serve(listener, acceptor, handler, timeouts, shutdown).await {
+        tracing::warn!("transfers still running after --drain-seconds; exiting");
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeConfig {
@@ -40,7 +41,14 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     pub tls_min_version: Option<u16>,
     pub tls_cipher_suites: Option<Vec<u16>>,
+    /// `IDLE_TIMEOUT_SECONDS`: a connection without a request in flight is closed after this.
+    pub idle_timeout: Duration,
+    /// `DRAIN_SECONDS`: after DEADLINE or SIGTERM, how long requests in flight may still run.
+    pub drain: Duration,
 }
+
+/// Requests in flight at DEADLINE or SIGTERM get this long without `DRAIN_SECONDS` (OURS).
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
 
 /// `:8443` means every address of both families, as Go's listeners read it: `[::]:8443`, which
 /// `bind_listener` opens dual-stack (IPv6-only and IPv4-only clusters both reach the Pod).
@@ -118,6 +126,20 @@ pub fn from_env(vars: impl IntoIterator<Item = (String, String)>) -> Result<Conf
             format!("TLS_CIPHER_SUITES {v:?} is not a JSON array of cipher suite IDs")
         })?),
     };
+    let seconds = |k: &str, default: Duration| -> Result<Duration, String> {
+        match get(k) {
+            None => Ok(default),
+            Some(v) => v
+                .parse::<u64>()
+                .map(Duration::from_secs)
+                .map_err(|_| format!("{k} {v:?} is not a whole number of seconds")),
+        }
+    };
+    let idle_timeout = seconds("IDLE_TIMEOUT_SECONDS", super::conn::IDLE_TIMEOUT)?;
+    if idle_timeout.is_zero() {
+        return Err("IDLE_TIMEOUT_SECONDS must be positive".into());
+    }
+    let drain = seconds("DRAIN_SECONDS", DEFAULT_DRAIN)?;
     Ok(Config {
         listen: parse_addr(&get("LISTEN_ADDR").unwrap_or_else(|| ":8443".into()))?,
         cert_file: required("CERT_FILE")?.into(),
@@ -134,6 +156,8 @@ pub fn from_env(vars: impl IntoIterator<Item = (String, String)>) -> Result<Conf
         metrics_addr: get("METRICS_ADDR").map(|a| parse_addr(&a)).transpose()?,
         tls_min_version,
         tls_cipher_suites,
+        idle_timeout,
+        drain,
     })
 }
 
@@ -178,6 +202,8 @@ mod tests {
         let c = from_env(base()).unwrap();
         assert_eq!(c.listen, "[::]:8443".parse().unwrap());
         assert_eq!(c.manifest_data_dir, PathBuf::from("/manifest_data"));
+        assert_eq!(c.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.drain, DEFAULT_DRAIN);
     }
 
     #[test]
@@ -225,6 +251,15 @@ mod tests {
         assert_eq!(c.volumes[0].name, "files");
         assert!(!c.volumes[0].is_image());
         assert!(from_env(with(&[("DEADLINE", "tomorrow")])).is_err());
+        let c = from_env(with(&[
+            ("IDLE_TIMEOUT_SECONDS", "5"),
+            ("DRAIN_SECONDS", "86400"),
+        ]))
+        .unwrap();
+        assert_eq!(c.idle_timeout, Duration::from_secs(5));
+        assert_eq!(c.drain, Duration::from_secs(86400));
+        assert!(from_env(with(&[("DRAIN_SECONDS", "1h")])).is_err());
+        assert!(from_env(with(&[("IDLE_TIMEOUT_SECONDS", "0")])).is_err());
         assert!(from_env(with(&[("TLS_CIPHER_SUITES", "x")])).is_err());
     }
 }

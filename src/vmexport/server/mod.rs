@@ -4,6 +4,7 @@
 pub mod args;
 pub mod auth;
 pub mod config;
+pub mod conn;
 pub mod dir;
 pub mod handler;
 pub mod manifest;
@@ -17,19 +18,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use prometheus::{IntCounterVec, Opts, Registry};
 use tokio::net::{TcpListener, TcpSocket};
 
 use self::config::Config;
 use self::handler::State;
 use self::ready::Readiness;
-
-/// In-flight requests get this long after DEADLINE or SIGTERM (OURS).
-const DRAIN: Duration = Duration::from_secs(30);
 
 async fn shutdown_signal(deadline: Option<jiff::Timestamp>) {
     let until_deadline = async {
@@ -140,12 +134,14 @@ pub async fn tls_accept(
 }
 
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
-    let tls = tls::server_config(
+    let (tls, cert_files) = tls::server_config(
         &cfg.cert_file,
         &cfg.key_file,
         cfg.tls_min_version,
         cfg.tls_cipher_suites.as_deref(),
     )?;
+    // The manager renews the certificate Secret in place; the kubelet updates the files.
+    cert_files.spawn_reloader();
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
 
     let registry = Registry::new();
@@ -174,44 +170,28 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }
     }
     let deadline = cfg.deadline;
+    let timeouts = conn::Timeouts {
+        idle: cfg.idle_timeout,
+        drain: cfg.drain,
+    };
     let state = Arc::new(State {
         cfg,
         ready,
         bytes_served,
     });
-
-    let graceful = GracefulShutdown::new();
-    let shutdown = shutdown_signal(deadline);
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let Ok((tcp, peer)) = accepted else { continue };
-                let _ = tcp.set_nodelay(true);
-                let acceptor = acceptor.clone();
-                let state = Arc::clone(&state);
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
-                    let Some(tls) = tls_accept(&acceptor, tcp, peer).await else { return };
-                    let svc = service_fn(move |req| {
-                        let state = Arc::clone(&state);
-                        async move { Ok::<_, std::convert::Infallible>(handler::handle(state, req).await) }
-                    });
-                    let builder = auto::Builder::new(TokioExecutor::new());
-                    let conn = builder.serve_connection(TokioIo::new(tls), svc);
-                    let conn = watcher.watch(conn.into_owned());
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
-            }
-        }
-    }
-    drop(listener);
-    tokio::select! {
-        _ = graceful.shutdown() => {},
-        _ = tokio::time::sleep(DRAIN) => tracing::warn!("requests still running after the drain period; exiting"),
+    let handler = move |req, _peer| handler::handle(Arc::clone(&state), req);
+    let finished = conn::serve(
+        listener,
+        acceptor,
+        handler,
+        timeouts,
+        shutdown_signal(deadline),
+    )
+    .await;
+    if finished {
+        tracing::info!("no request in flight; exiting");
+    } else {
+        tracing::warn!(drain = ?timeouts.drain, "requests still running after the drain period; exiting");
     }
     Ok(())
 }
