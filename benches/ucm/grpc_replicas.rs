@@ -74,6 +74,21 @@ async fn connect(endpoints: &[String], tls: &ClientTlsConfig) -> Channel {
     }
 }
 
+/// ReportStatus, as the real exporter sends it (a failure shows in the phase's waits).
+async fn report(
+    c: &mut ControllerServiceClient<Channel>,
+    status: pb::ExporterStatus,
+    name: &str,
+    token: &str,
+) {
+    let msg = pb::ReportStatusRequest {
+        status: status as i32,
+        message: None,
+        release_lease: None,
+    };
+    let _ = c.report_status(request(msg, "Exporter", name, token)).await;
+}
+
 /// One simulated exporter: its first reachable endpoint in `endpoints` order; Register once,
 /// then a Status stream (reconnecting at once when it ends), LeaseReady and Listen when leased.
 fn exporter(
@@ -98,18 +113,7 @@ fn exporter(
                 {
                     continue;
                 }
-                let _ = c
-                    .report_status(request(
-                        pb::ReportStatusRequest {
-                            status: pb::ExporterStatus::Available as i32,
-                            message: None,
-                            release_lease: None,
-                        },
-                        "Exporter",
-                        &name,
-                        &token,
-                    ))
-                    .await;
+                report(&mut c, pb::ExporterStatus::Available, &name, &token).await;
                 registered = true;
             }
             let Ok(stream) = c
@@ -127,18 +131,7 @@ fn exporter(
                 if listening.is_some() {
                     continue;
                 }
-                let _ = c
-                    .report_status(request(
-                        pb::ReportStatusRequest {
-                            status: pb::ExporterStatus::LeaseReady as i32,
-                            message: None,
-                            release_lease: None,
-                        },
-                        "Exporter",
-                        &name,
-                        &token,
-                    ))
-                    .await;
+                report(&mut c, pb::ExporterStatus::LeaseReady, &name, &token).await;
                 let mut lc = c.clone();
                 let (name, token, receipts) = (name.clone(), token.clone(), receipts.clone());
                 listening = Some(tokio::spawn(async move {
