@@ -230,8 +230,11 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     create_namespace(&c, NS).await;
     let exporters: Api<Exporter> = Api::namespaced(c.clone(), NS);
     let names: Vec<String> = (0..n).map(|i| format!("sim-{i:04}")).collect();
-    // The leased exporters are spread evenly, so half sit on each replica below.
-    let leased: Vec<usize> = (0..LEASED).map(|k| k * (n / LEASED).max(1)).collect();
+    // The leased exporters alternate in parity, so half sit on each replica below (the
+    // exporters alternate between the two replicas by index).
+    let leased: Vec<usize> = (0..LEASED)
+        .map(|k| (k * (n / LEASED).max(2) + k % 2).min(n - 1))
+        .collect();
     let creds = track(exporters.clone(), watcher::Config::default(), n, |e| {
         e.status.as_ref().is_some_and(|s| s.credential.is_some())
     });
