@@ -449,7 +449,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         Figure::new(PHASE, "grpc.replicas.memory_one", &format!("memory per connected exporter, one replica holding all {n}"), "KiB", vec![per_one])
             .note("RSS growth of the replica from before the exporters connected to 3 s after every Status stream was open, divided by its streams; each simulated exporter holds one TLS connection with a Status stream (and the 20 leased ones a Listen stream)"),
         Figure::new(PHASE, "grpc.replicas.memory_two", &format!("memory per connected exporter per replica, two replicas sharing {n}"), "KiB", vec![per_two])
-            .reference(per_one, "one replica holding all of them, same run", true)
+            .reference(per_one, "one replica holding all of them", true)
             .note(format!("the second replica's RSS growth over its own streams ({split}); the first replica's is not comparable after stage one. A lab of 50,000 exporters on two replicas: about {:.0} MiB per replica for the streams", per_two * 25_000.0 / 1024.0)),
         Figure::new(PHASE, "grpc.replicas.dial_same", "Dial → exporter receives the router token, through the replica holding its Listen (p99)", "ms", vec![p99(&same)])
             .reference(100.0, "issue 30's bound: p99 ≤ 100 ms", false)
