@@ -49,6 +49,7 @@ pub(super) async fn act(
                 None
             }
         }
+        Step::Unpublish => Some(round::unpublish_patch(&uid, &rv, &conds)),
         Step::Initialise => Some(round::init_patch(&uid, &rv, snap.status.as_ref(), &conds)),
         Step::SetFinalizers(f) => {
             let p = to_patch(round::finalizers_patch(&uid, &rv, f))?;
@@ -132,10 +133,11 @@ pub(super) async fn act(
         } else {
             EventType::Normal
         };
-        let action = match d.result {
-            Some(RoundResult::Success) => "Publish",
-            Some(_) => "Void",
-            None => "Open",
+        let action = match (&d.step, d.result) {
+            (Step::Unpublish, _) => "Unpublish",
+            (_, Some(RoundResult::Success)) => "Publish",
+            (_, Some(_)) => "Void",
+            (_, None) => "Open",
         };
         ctx.writer
             .event(&snap.object_ref(&()), t, ev.reason, action, ev.note.clone())

@@ -256,6 +256,20 @@ pub fn void_patch(
     Value::Array(ops)
 }
 
+/// Set a forged `readyToUse` back to false (manager row 2): pinned to the resourceVersion the
+/// forgery was seen at, so it never undoes a later write. `ioSuspended` goes false too: agents
+/// lift on a `readyToUse` (agent row 2), so a round that was open is over; its `suspendedAt` stays
+/// and counts as a void's (the backoff runs from it).
+pub fn unpublish_patch(uid: &str, resource_version: &str, conditions: &[Condition]) -> Value {
+    json!([
+        test("/metadata/uid", json!(uid)),
+        test("/metadata/resourceVersion", json!(resource_version)),
+        add(&status_path("readyToUse"), json!(false)),
+        add(&status_path("ioSuspended"), json!(false)),
+        add(&status_path("conditions"), conditions_value(conditions)),
+    ])
+}
+
 /// Conditions alone, pinned to the observed round fields so it can never undo a round change.
 pub fn conditions_patch(
     uid: &str,
