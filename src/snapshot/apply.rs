@@ -50,7 +50,6 @@ pub(super) async fn act(
             }
         }
         Step::Unpublish => Some(round::unpublish_patch(&uid, &rv, &conds)),
-        Step::Initialise => Some(round::init_patch(&uid, &rv, snap.status.as_ref(), &conds)),
         Step::SetFinalizers(f) => {
             let p = to_patch(round::finalizers_patch(&uid, &rv, f))?;
             ctx.writer
@@ -66,14 +65,7 @@ pub(super) async fn act(
             debug!(snapshot = %name, "teardown finalizers added");
             return Ok(Action::await_change());
         }
-        Step::Open { stamp, diskful } => Some(round::open_patch(
-            &uid,
-            r.suspended_at,
-            &rv,
-            stamp,
-            diskful,
-            &conds,
-        )),
+        Step::Open { stamp, diskful } => Some(round::open_patch_of(snap, stamp, diskful, &conds)),
         Step::Publish {
             size_bytes,
             source_formatted,

@@ -63,8 +63,6 @@ impl RoundResult {
 pub enum Step {
     /// Write nothing but the Ready condition, and only if it changed.
     Wait,
-    /// First status write: `readyToUse` and `ioSuspended` false.
-    Initialise,
     /// Replace the finalizer list with this one (a superset of the current list).
     SetFinalizers(Vec<String>),
     /// Row 8 on a cached object: read the snapshot uncached, then decide again.
@@ -310,21 +308,8 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
         return Decision::wait(Some(Ready::new(true, reason::SNAPSHOT_READY, msg)), None);
     }
 
-    // Row 3: make readyToUse and ioSuspended present before anything tests them.
-    let st = snap.status.as_ref();
-    if st.and_then(|x| x.ready_to_use).is_none() || st.and_then(|x| x.io_suspended).is_none() {
-        return Decision {
-            step: Step::Initialise,
-            ready: Some(Ready::new(
-                false,
-                reason::WAITING_FOR_REPLICAS,
-                "waiting for the first round",
-            )),
-            event: None,
-            result: None,
-            requeue_at: None,
-        };
-    }
+    // Row 3 (no write of its own): until the first status write, `readyToUse` and `ioSuspended`
+    // count as false; whichever write comes first (a condition, or the open) makes them present.
 
     // Row 4: the volume's own watch brings us back.
     let Some(volume) = o.volume else {
@@ -802,17 +787,36 @@ mod tests {
     }
 
     #[test]
-    fn row3_initialises_status() {
+    fn row3_the_first_write_makes_the_flags_present() {
+        // No status yet: the snapshot opens at once, in one write that also makes readyToUse
+        // and ioSuspended present (round::open_patch_of picks the resourceVersion fence).
         let mut s = snap();
         s.status = None;
         let d = Case::new(s.clone(), at(0)).decide();
-        assert_eq!(d.step, Step::Initialise);
-        assert_eq!(d.ready.unwrap().reason, reason::WAITING_FOR_REPLICAS);
-        s.status = Some(MiroirSnapshotStatus {
-            ready_to_use: Some(false),
-            ..Default::default()
-        });
-        assert_eq!(Case::new(s, at(0)).decide().step, Step::Initialise);
+        let Step::Open { stamp, diskful } = &d.step else {
+            panic!("{d:?}")
+        };
+        let mut doc = serde_json::to_value(&s).unwrap();
+        let p = crate::snapshot::round::open_patch_of(&s, stamp, diskful, &[]);
+        json_patch::patch(
+            &mut doc,
+            &serde_json::from_value::<json_patch::Patch>(p).unwrap(),
+        )
+        .unwrap();
+        let next: MiroirSnapshot = serde_json::from_value(doc).unwrap();
+        let st = next.status.as_ref().unwrap();
+        assert_eq!(
+            (st.ready_to_use, st.io_suspended),
+            (Some(false), Some(true))
+        );
+        // A waiting one writes its condition with the flags (apply's init_patch).
+        let mut c = Case::new(s, at(0));
+        c.volume = None;
+        let d = c.decide();
+        assert_eq!(
+            (&d.step, reason_of(&d)),
+            (&Step::Wait, Some(reason::VOLUME_NOT_FOUND))
+        );
     }
 
     #[test]
