@@ -153,6 +153,10 @@ impl Results {
 pub const PHASE_TITLES: &[(&str, &str)] = &[
     ("bulk", "Bulk reconcile, memory, idle cost and start-up"),
     (
+        "scale",
+        "Snapshots and exports at the API server's limit (minimal-writes references, N = 300 and 3,000)",
+    ),
+    (
         "leases",
         "Exporter feature against the upstream Go controller (Exporters, Clients, Leases)",
     ),
