@@ -411,11 +411,7 @@ fn figures(s: &Samples, ns: &[usize], notes: &[(&'static str, String)]) -> Vec<F
                     "objects/s",
                     rate,
                 )
-                .reference(
-                    refr,
-                    &format!("{minimal}; same concurrency (8), same run"),
-                    true,
-                )
+                .reference(refr, &format!("{minimal}; same concurrency (8)"), true)
                 .higher_is_better(),
             );
             f.push(
@@ -428,7 +424,7 @@ fn figures(s: &Samples, ns: &[usize], notes: &[(&'static str, String)]) -> Vec<F
                 )
                 .reference(
                     median(&s.get(&format!("ref.{key}.api_cpu.{n}"))),
-                    "the same minimal writes, same run",
+                    "the same minimal writes",
                     true,
                 )
                 .note(format!(
@@ -480,7 +476,7 @@ fn figures(s: &Samples, ns: &[usize], notes: &[(&'static str, String)]) -> Vec<F
                 )
                 .reference(
                     median(&a),
-                    &format!("ucm at N = {small}, same run (issue 32 goal: within 1.2×)"),
+                    &format!("ucm at N = {small} (issue 32 goal: within 1.2×)"),
                     true,
                 ),
             );
