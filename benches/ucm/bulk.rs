@@ -40,7 +40,7 @@ use crate::report::{Figure, median};
 use crate::steps::{LABEL, Samples, bd_insert, exporter_done, obj, reference, timed};
 
 const PHASE: &str = "bulk";
-const NODES: [&str; 3] = ["bench-a", "bench-b", "bench-c"];
+pub(crate) const NODES: [&str; 3] = ["bench-a", "bench-b", "bench-c"];
 
 #[derive(Debug, Clone, Copy)]
 pub struct Scale {
@@ -72,11 +72,11 @@ pub fn manager_args() -> Vec<String> {
     args
 }
 
-fn vmx_done(e: &VirtualMachineExport) -> bool {
+pub(crate) fn vmx_done(e: &VirtualMachineExport) -> bool {
     e.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Ready")
 }
 
-fn snap_done(s: &MiroirSnapshot) -> bool {
+pub(crate) fn snap_done(s: &MiroirSnapshot) -> bool {
     s.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
 }
 
@@ -87,7 +87,7 @@ fn exporter(name: &str, run: &str) -> Exporter {
     }))
 }
 
-fn vmexport(name: &str, pvc: &str, run: &str) -> VirtualMachineExport {
+pub(crate) fn vmexport(name: &str, pvc: &str, run: &str) -> VirtualMachineExport {
     obj(json!({
         "apiVersion": "export.kubevirt.io/v1", "kind": "VirtualMachineExport",
         "metadata": {"name": name, "labels": {LABEL: run}},
@@ -95,7 +95,7 @@ fn vmexport(name: &str, pvc: &str, run: &str) -> VirtualMachineExport {
     }))
 }
 
-fn pvc(name: &str) -> PersistentVolumeClaim {
+pub(crate) fn pvc(name: &str) -> PersistentVolumeClaim {
     obj(json!({
         "metadata": {"name": name, "annotations": {"cdi.kubevirt.io/storage.contentType": "kubevirt"}},
         "spec": {
@@ -105,7 +105,7 @@ fn pvc(name: &str) -> PersistentVolumeClaim {
     }))
 }
 
-fn snapshot(name: &str, volume: &str, run: &str) -> MiroirSnapshot {
+pub(crate) fn snapshot(name: &str, volume: &str, run: &str) -> MiroirSnapshot {
     obj(json!({
         "apiVersion": "miroir.home-operations.com/v1alpha1", "kind": "MiroirSnapshot",
         "metadata": {"name": name, "labels": {LABEL: run}}, "spec": {"volumeName": volume}
@@ -113,7 +113,7 @@ fn snapshot(name: &str, volume: &str, run: &str) -> MiroirSnapshot {
 }
 
 /// The kubelet the local control plane lacks: marks each export pod Running and Ready once.
-fn kubelet(client: Client, ns: String) -> tokio::task::JoinHandle<()> {
+pub(crate) fn kubelet(client: Client, ns: String) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let pods: Api<Pod> = Api::namespaced(client, &ns);
         let mut marked = std::collections::HashSet::new();
@@ -147,14 +147,14 @@ fn kubelet(client: Client, ns: String) -> tokio::task::JoinHandle<()> {
     })
 }
 
-struct Agents {
+pub(crate) struct Agents {
     _procs: Vec<Proc>,
-    volumes: Vec<String>,
+    pub(crate) volumes: Vec<String>,
 }
 
 /// Three `ucm snapshot-agent` processes (fake barrier, loopfile pools) and the fake DRBD view of
 /// `n` three-replica volumes, each 16 KiB.
-fn start_agents(p: &Plane, dir: &Path, prefix: &str, n: usize) -> Agents {
+pub(crate) fn start_agents(p: &Plane, dir: &Path, prefix: &str, n: usize) -> Agents {
     let fake_dir = dir.join("fake");
     std::fs::create_dir_all(&fake_dir).unwrap();
     let volumes: Vec<String> = (0..n).map(|i| format!("{prefix}-v{i:04}")).collect();

@@ -26,6 +26,7 @@ mod objects;
 mod procs;
 mod queue;
 mod report;
+mod scale;
 mod steps;
 
 use std::path::PathBuf;
@@ -38,6 +39,8 @@ pub struct Ctx {
     pub work: PathBuf,
     pub runs: usize,
     pub scale: bulk::Scale,
+    /// `UCM_BENCH_SCALE`: object counts × this factor.
+    pub scale_factor: f64,
     pub idle_window: Duration,
     pub grpc_window: Duration,
     pub grpc_windows: usize,
@@ -65,7 +68,7 @@ impl Ctx {
 }
 
 const PHASES: &[&str] = &[
-    "export", "barrier", "objects", "bulk", "leases", "queue", "grpc", "failover",
+    "export", "barrier", "objects", "bulk", "scale", "leases", "queue", "grpc", "failover",
 ];
 
 fn env_num<T: std::str::FromStr>(k: &str, default: T) -> T {
@@ -83,6 +86,7 @@ const METHODS: &str = "\
 - **RSS** is VmRSS from `/proc/<pid>/status`: at zero after /readyz plus 3 s on an empty cluster, and 5 s after the last bulk step. Bytes per object divides the growth by the number of primary objects (Exporters, VirtualMachineExports, MiroirSnapshots); their Secrets, Pods, Services, PVCs and volumes are cached too.
 - **Exporter feature against the Go controller** (phase `leases`, issue 17): the load of `../shared/reference/peer-figures.md`, each run on a fresh control plane with the manager at the shipped defaults (every feature, `--leader-elect`, the default worker count). Idle RSS at /readyz + 20 s (CRDs installed, no objects), as the reference measured Go. 5,000 Exporters in one namespace created 8 at a time, timed until a watch has seen every credential and an `Online` condition; RSS 5 s later. 500 Clients, until every `status.credential`. Every tenth Exporter made online by one status merge patch (`lastSeen`, `exporterStatus: Available`, one device; the manager derives `Registered` and `Online`), timed until a watch has seen both True on each, then patched again every 20 s. 50 Leases (one per Client, one hour, `matchLabels` on a label only the online Exporters carry), until each has `status.exporterRef` and `Ready=True`; released and ended; then 500 Leases, one per Client, timed the same way. Conflicts are responses with code 409 in the audit log. After each run the phase fails unless no exporter holds two active Leases, every Lease is on an online Exporter, and every credential Secret has a token and its owner as controller. References: the Go controller's figures at N=5,000 from peer-figures.md (jumpstarter b1f2bb41, measured 2026-12-01), which the ratios are against, as the issue's goals are; and a bare client creating and status-patching the same objects on a control plane of its own in the same run (during the manager's idle 20 s), in the notes.
 - **Lease scheduler** (phase `queue`, docs/exporter.md \"Lease scheduling\"): each run on a fresh control plane with the manager at the shipped defaults. 5,000 Exporters in one namespace, every tenth made online and kept online as in `leases`; 50 of the online ones (every hundredth Exporter) also carry `ucm-bench-board: scarce`. One ExporterAccessPolicy on that label gives priority 30, 20 or 10 by the Client label `tier` (high, mid, low), with three Clients per tier (nothing limits a Client's active Leases, here or upstream; few Clients keep the distinct requests, and so the candidate computations per pass, at 9). A watch on the Leases is listed first; then 2,000 Leases of an hour selecting the scarce label, the tiers in turn, are created 8 at a time, and the watch merge-patches `spec.release: true` onto each Lease as soon as it shows `status.exporterRef`, until every Lease was assigned (at most 60 min). The clock runs from the first create to the last assignment seen. Lease passes and their time are the deltas of `controller_runtime_reconcile_time_seconds{controller=\"lease\"}` (count, sum, buckets) from the manager's /metrics, read before the first create and after the manager was quiet for 2 s after the last release; manager CPU from `/proc`; reads (gets and lists besides its leader-election Lease) and Lease status writes from the audit log over the same span. Writes of waiting Leases are the watch's modifications of Leases with no exporter (only the manager writes those), and a visible change is one that changed `status.queue.position` or the `Pending` message. Checked after each run, failing the phase: every Lease assigned once, to a scarce Exporter that no other Lease held unended in the watch's order, and ended after its release; and fairness: a Lease is never assigned while as many earlier Leases of its priority (creationTimestamp, then name) surely waited as exporters could be free. The scheduler lets the first `free` Leases of a queue take in whatever order their passes run, so assignment order alone is not the test; with 2 s margins for the skew between a decision, its write and the watch, a Lease counts as waiting when seen 4 s before and assigned 2 s after, and an exporter as held when its Lease was assigned 2 s before and ended 2 s after. How often a lower-priority Lease was assigned while a higher one waited is reported, not asserted.
+- **Snapshots and exports at the API server's limit** (phase `scale`, issue 32): at two sizes, N = 300 and 3,000 unless `UCM_BENCH_SCALE_NS` names others, per size a fresh control plane for the references and another for ucm. The reference is the bench's admin client doing, per object, the minimal writes the feature must make, in their causal order, 8 objects at a time: a MiroirSnapshot round is 10 requests (create; the manager's teardown finalizers, open and publish; each of the three agents' `Suspended` and `Done` slot writes, the three in parallel), with ucm's own fenced patch bodies (the open fenced by `resourceVersion`, since a first round needs no earlier status write); a VirtualMachineExport is 7 (create; its Service, token Secret, serving-certificate Secret and Pod; the kubelet's Pod status; one final status). ucm: the manager at the shipped defaults, three snapshot agents (fake barrier), one three-replica volume per snapshot; the bench's kubelet marks export pods Ready. Both timed from the first create until a watch has seen every final status; API-server CPU from /proc as in `bulk`; the manager's requests from the audit log, its coordination Leases included (round grants, and leader-election renewals, about one per 2 s).
 - **Idle**: the leader's requests in the audit log over a window with everything settled, its leader-election Lease requests (`leases.coordination.k8s.io`) counted apart; a restarted manager's writes from spawn to /readyz + 5 s.
 - **Start-up**: spawn to the first 200 from /readyz, polled every 10 ms; the reference is the bench listing the same kinds one after the other (pages of 500, as the manager lists).
 - **Simulated exporters**: a Rust client over the jumpstarter.v1 stubs compiled from the jumpstarter-protocol 0.9.0 descriptors, one TLS connection per exporter trusting the certificate the leader stored, the token from the exporter's credential Secret. Each Registers, holds a Status stream and reports Available; a kill drops the connection without Unregister. The manager runs with the shipped defaults here too, like the bulk phase.
@@ -209,6 +213,7 @@ async fn main() {
         work: work.clone(),
         runs,
         scale,
+        scale_factor: f,
         idle_window: Duration::from_secs(env_num("UCM_BENCH_IDLE_S", 30)),
         grpc_window: Duration::from_secs(env_num("UCM_BENCH_GRPC_WINDOW_S", 40)),
         grpc_windows: runs,
@@ -227,6 +232,7 @@ async fn main() {
             "barrier" => barrier::run(&ctx).await,
             "objects" => objects::run(&ctx).await,
             "bulk" => bulk::run(&ctx).await,
+            "scale" => scale::run(&ctx).await,
             "leases" => leases::run(&ctx).await,
             "queue" => queue::run(&ctx).await,
             "grpc" => grpc::run(&ctx).await,

@@ -153,6 +153,10 @@ impl Results {
 pub const PHASE_TITLES: &[(&str, &str)] = &[
     ("bulk", "Bulk reconcile, memory, idle cost and start-up"),
     (
+        "scale",
+        "Snapshots and exports at the API server's limit (minimal-writes references)",
+    ),
+    (
         "leases",
         "Exporter feature against the upstream Go controller (Exporters, Clients, Leases)",
     ),
@@ -172,6 +176,19 @@ pub const PHASE_TITLES: &[(&str, &str)] = &[
 
 /// A paragraph under a phase's title, where its table needs one.
 pub const PHASE_INTROS: &[(&str, &str)] = &[
+    (
+        "scale",
+        "Issue 32: each feature against the physical limit of this control plane, a bare client \
+         doing only the writes the feature must make per object, in their causal order, at the \
+         same concurrency. A snapshot round must write the teardown finalizers (so a cut is \
+         never orphaned), open the round, each diskful agent's Suspended and Done (the \
+         protocol's consensus is in these slots), and publish: 10 requests with the create. An \
+         export must make its Service, token and certificate Secrets and Pod, the kubelet \
+         reports the Pod, and one status makes it Ready: 7. What ucm adds: for a snapshot, the \
+         round grant (the per-volume exclusion) and two Normal events; for an export, the \
+         Pending status a user sees before the Pod is ready. Time per object at the larger N \
+         against the smaller shows whether a feature costs O(N) per object.",
+    ),
     (
         "leases",
         "Issue 17: the load the upstream Jumpstarter Go controller was measured with \

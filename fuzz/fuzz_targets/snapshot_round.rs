@@ -19,8 +19,9 @@ use serde_json::{Value, json};
 use ucm::conditions::is_valid_reason;
 use ucm::snapshot::context::Settings;
 use ucm::snapshot::decide::{Decision, Observed, Step, VoidCause, decide, reason};
+use ucm::runtime::time::whole_seconds;
 use ucm::snapshot::round::{
-    format_stamp, open_patch, parse_stamp, publish_patch, truncate, void_patch,
+    format_stamp, open_patch_of, parse_stamp, publish_patch, unpublish_patch, void_patch,
 };
 use ucm::snapshot::types::{MiroirSnapshot, MiroirVolume, SlotState, teardown_finalizer};
 
@@ -76,11 +77,21 @@ fn check(d: &Decision, o: &Observed<'_>, s: &Settings) {
     if let Some(at) = d.requeue_at {
         assert!(at > o.now, "requeue {at} is not after now {}", o.now);
     }
-    if snap.metadata.deletion_timestamp.is_some() || ready {
+    let cut = slots.values().any(|v| *v == SlotState::Done);
+    if snap.metadata.deletion_timestamp.is_some() || (ready && cut) {
         assert_eq!(d.step, Step::Wait, "deleting or published: {d:?}");
     }
     if ready && snap.metadata.deletion_timestamp.is_none() {
-        assert!(d.ready.as_ref().is_some_and(|r| r.status));
+        // A published snapshot reports Ready=True; a forged one (no Done cut) is set back.
+        if cut {
+            assert!(d.ready.as_ref().is_some_and(|r| r.status));
+        } else {
+            assert_eq!(d.step, Step::Unpublish, "forged readyToUse kept: {d:?}");
+            assert!(d.ready.as_ref().is_some_and(|r| !r.status));
+        }
+    }
+    if d.step == Step::Unpublish {
+        assert!(ready && !cut && snap.metadata.deletion_timestamp.is_none());
     }
     match &d.step {
         Step::Open {
@@ -106,7 +117,7 @@ fn check(d: &Decision, o: &Observed<'_>, s: &Settings) {
             }
             let t = parse_stamp(stamp).expect("the stamp parses");
             assert_eq!(format_stamp(t), *stamp, "stamps round-trip");
-            assert_eq!(t, truncate(o.now));
+            assert_eq!(t, whole_seconds(o.now));
             if let Some(p) = prev {
                 assert!(t > p, "a new stamp must be later than the last");
             }
@@ -150,10 +161,7 @@ fn check(d: &Decision, o: &Observed<'_>, s: &Settings) {
                 assert!(list.contains(&teardown_finalizer(&n)));
             }
         }
-        Step::Initialise => {
-            assert!(st.is_none_or(|x| x.ready_to_use.is_none() || x.io_suspended.is_none()))
-        }
-        Step::Wait => {}
+        Step::Wait | Step::Unpublish => {}
     }
 }
 
@@ -259,10 +267,7 @@ fuzz_target!(|inp: Input| {
     // The step's own write, then the table again at the same instant.
     let observed_at = snap.status.as_ref().and_then(|x| x.suspended_at.clone());
     let next = match &d.step {
-        Step::Open { stamp, diskful } => Some(apply(
-            &snap,
-            open_patch("u1", observed_at.as_deref(), "7", stamp, diskful, &[]),
-        )),
+        Step::Open { stamp, diskful } => Some(apply(&snap, open_patch_of(&snap, stamp, diskful, &[]))),
         Step::Void { stamp, diskful, .. } => Some(apply(
             &snap,
             void_patch("u1", observed_at.as_deref(), "7", stamp, diskful, &[]),
@@ -284,6 +289,7 @@ fuzz_target!(|inp: Input| {
                 &[],
             ),
         )),
+        Step::Unpublish => Some(apply(&snap, unpublish_patch("u1", "7", &[]))),
         _ => None,
     };
     if let Some(next) = next {
@@ -307,6 +313,11 @@ fuzz_target!(|inp: Input| {
             Step::Publish { .. } => {
                 assert_eq!(d2.step, Step::Wait);
                 assert!(d2.ready.is_some_and(|r| r.status));
+            }
+            Step::Unpublish => {
+                let st = next.status.as_ref().unwrap();
+                assert_eq!((st.ready_to_use, st.io_suspended), (Some(false), Some(false)));
+                assert_ne!(d2.step, Step::Unpublish, "corrected twice: {d2:?}");
             }
             _ => {}
         }

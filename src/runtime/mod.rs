@@ -29,6 +29,7 @@ pub mod manager;
 pub mod meta;
 pub mod metrics;
 pub mod rbac;
+pub mod replaced;
 pub mod shutdown;
 pub mod text;
 pub mod time;

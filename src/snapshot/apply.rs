@@ -49,7 +49,7 @@ pub(super) async fn act(
                 None
             }
         }
-        Step::Initialise => Some(round::init_patch(&uid, &rv, snap.status.as_ref(), &conds)),
+        Step::Unpublish => Some(round::unpublish_patch(&uid, &rv, &conds)),
         Step::SetFinalizers(f) => {
             let p = to_patch(round::finalizers_patch(&uid, &rv, f))?;
             ctx.writer
@@ -65,14 +65,7 @@ pub(super) async fn act(
             debug!(snapshot = %name, "teardown finalizers added");
             return Ok(Action::await_change());
         }
-        Step::Open { stamp, diskful } => Some(round::open_patch(
-            &uid,
-            r.suspended_at,
-            &rv,
-            stamp,
-            diskful,
-            &conds,
-        )),
+        Step::Open { stamp, diskful } => Some(round::open_patch_of(snap, stamp, diskful, &conds)),
         Step::Publish {
             size_bytes,
             source_formatted,
@@ -132,10 +125,11 @@ pub(super) async fn act(
         } else {
             EventType::Normal
         };
-        let action = match d.result {
-            Some(RoundResult::Success) => "Publish",
-            Some(_) => "Void",
-            None => "Open",
+        let action = match (&d.step, d.result) {
+            (Step::Unpublish, _) => "Unpublish",
+            (_, Some(RoundResult::Success)) => "Publish",
+            (_, Some(_)) => "Void",
+            (_, None) => "Open",
         };
         ctx.writer
             .event(&snap.object_ref(&()), t, ev.reason, action, ev.note.clone())

@@ -137,10 +137,16 @@ pub struct Context {
     pub snapshots: Api<MiroirSnapshot>,
     pub snapshot_store: Store<Guarded<MiroirSnapshot>>,
     pub volumes: Store<Guarded<MiroirVolume>>,
+    /// Every Lease of the agent namespace: the agents' heartbeats and the volumes' round grants.
     pub leases: Store<Lease>,
+    /// The round grants' Leases (docs/snapshot.md, "One round per volume").
+    pub round_leases: Api<Lease>,
+    pub agent_namespace: String,
     pub settings: Settings,
     pub metrics: RoundMetrics,
-    /// Per-volume lock around the check-and-open step (I8, docs/snapshot.md, "Invariants").
+    /// Per-volume lock around the grant-and-open step, so this process's own passes never race
+    /// for a grant (I8, docs/snapshot.md, "One round per volume"); across processes the grant's
+    /// fenced write decides.
     pub(super) volume_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 

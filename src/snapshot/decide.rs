@@ -63,14 +63,15 @@ impl RoundResult {
 pub enum Step {
     /// Write nothing but the Ready condition, and only if it changed.
     Wait,
-    /// First status write: `readyToUse` and `ioSuspended` false.
-    Initialise,
     /// Replace the finalizer list with this one (a superset of the current list).
     SetFinalizers(Vec<String>),
     /// Row 8 on a cached object: read the snapshot uncached, then decide again.
     ReRead,
     /// Row 13: open a round stamped `stamp` over these diskful nodes.
     Open { stamp: String, diskful: Vec<String> },
+    /// Row 2, a forged publish: `readyToUse` back to false (and any open round closed), pinned
+    /// to the resourceVersion the forgery was seen at.
+    Unpublish,
     /// Row 7: publish, keeping only the diskful slots.
     Publish {
         round: String,
@@ -148,8 +149,8 @@ pub mod reason {
     pub const TEARDOWN_PENDING: &str = "TeardownPending";
     /// OURS: a replica node name that cannot form its teardown finalizer.
     pub const INVALID_VOLUME: &str = "InvalidVolume";
-    /// OURS: `readyToUse` is true but no node reports a Done cut, so no round of
-    /// ours published it (another writer set it): reported, never built on.
+    /// OURS: `readyToUse` was true but no node reports a Done cut, so no round of ours
+    /// published it (another writer set it): set back to false and reported.
     pub const READY_WITHOUT_CUT: &str = "ReadyWithoutCut";
     /// Every reason the manager writes, for validation tests.
     pub const ALL: &[&str] = &[
@@ -171,6 +172,8 @@ pub mod event {
     pub const ROUND_OPENED: &str = "RoundOpened";
     pub const ROUND_SUCCEEDED: &str = "RoundSucceeded";
     pub const ROUND_VOIDED: &str = "RoundVoided";
+    /// OURS: a forged `readyToUse` was set back to false (the condition reason of the same name).
+    pub const READY_WITHOUT_CUT: &str = super::reason::READY_WITHOUT_CUT;
 }
 
 fn list(nodes: &[String]) -> String {
@@ -277,7 +280,9 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
         return Decision::wait(None, next_staleness(o, s, &remaining));
     }
 
-    // Row 2: published snapshots never change (I13).
+    // Row 2: published snapshots never change (I13). A `readyToUse` no round of ours wrote
+    // (no slot says Done) is a stranger's: CSI consumers read the boolean, so it is set back to
+    // false, once, with a Warning; rows 3-13 then cut the snapshot for real.
     if r.ready {
         let cut: Vec<String> = r
             .slots
@@ -286,31 +291,25 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
             .map(|(n, _)| n.clone())
             .collect();
         if cut.is_empty() {
-            let msg = "status.readyToUse is true but no node reports a Done cut in status.perNode: no snapshot round published it and it holds no data; delete this snapshot and create a new one";
-            return Decision::wait(
-                Some(Ready::new(false, reason::READY_WITHOUT_CUT, msg)),
-                None,
-            );
+            let msg = "status.readyToUse was true but no node reports a Done cut in status.perNode: no snapshot round published it, so it held no data; set back to false, a round will cut it";
+            return Decision {
+                step: Step::Unpublish,
+                ready: Some(Ready::new(false, reason::READY_WITHOUT_CUT, msg)),
+                event: Some(Event {
+                    warning: true,
+                    reason: event::READY_WITHOUT_CUT,
+                    note: msg.to_string(),
+                }),
+                result: None,
+                requeue_at: None,
+            };
         }
         let msg = format!("cut on {}", list(&cut));
         return Decision::wait(Some(Ready::new(true, reason::SNAPSHOT_READY, msg)), None);
     }
 
-    // Row 3: make readyToUse and ioSuspended present before anything tests them.
-    let st = snap.status.as_ref();
-    if st.and_then(|x| x.ready_to_use).is_none() || st.and_then(|x| x.io_suspended).is_none() {
-        return Decision {
-            step: Step::Initialise,
-            ready: Some(Ready::new(
-                false,
-                reason::WAITING_FOR_REPLICAS,
-                "waiting for the first round",
-            )),
-            event: None,
-            result: None,
-            requeue_at: None,
-        };
-    }
+    // Row 3 (no write of its own): until the first status write, `readyToUse` and `ioSuspended`
+    // count as false; whichever write comes first (a condition, or the open) makes them present.
 
     // Row 4: the volume's own watch brings us back.
     let Some(volume) = o.volume else {
@@ -748,17 +747,76 @@ mod tests {
     }
 
     #[test]
-    fn row3_initialises_status() {
+    fn row2_a_forged_ready_is_set_back_to_false_once() {
+        // Forged on a snapshot never initialised, on one waiting, and during an open round.
+        let mut never = snap();
+        never.status = Some(MiroirSnapshotStatus {
+            ready_to_use: Some(true),
+            ..Default::default()
+        });
+        let mut waiting = snap();
+        waiting.status.as_mut().unwrap().ready_to_use = Some(true);
+        let mut open = with_round(snap(), true, T0, &[("a", Suspended), ("b", Pending)]);
+        open.status.as_mut().unwrap().ready_to_use = Some(true);
+        for s in [never, waiting, open] {
+            let mut c = Case::new(s.clone(), at(5));
+            c.volume = None;
+            let d = c.decide();
+            assert_eq!(d.step, Step::Unpublish, "{s:?}");
+            assert_eq!(reason_of(&d), Some(reason::READY_WITHOUT_CUT));
+            assert!(!d.ready.as_ref().unwrap().status);
+            let ev = d.event.expect("one Warning for the correction");
+            assert!(ev.warning && ev.reason == event::READY_WITHOUT_CUT);
+            // The correction's own write, then the table again: not ready, never corrected twice.
+            let mut doc = serde_json::to_value(&s).unwrap();
+            let p = crate::snapshot::round::unpublish_patch("uid-1", "10", &[]);
+            json_patch::patch(
+                &mut doc,
+                &serde_json::from_value::<json_patch::Patch>(p).unwrap(),
+            )
+            .unwrap();
+            let next: MiroirSnapshot = serde_json::from_value(doc).unwrap();
+            let st = next.status.as_ref().unwrap();
+            assert_eq!(
+                (st.ready_to_use, st.io_suspended),
+                (Some(false), Some(false))
+            );
+            let d2 = Case::new(next, at(5)).decide();
+            assert_ne!(d2.step, Step::Unpublish);
+        }
+    }
+
+    #[test]
+    fn row3_the_first_write_makes_the_flags_present() {
+        // No status yet: the snapshot opens at once, in one write that also makes readyToUse
+        // and ioSuspended present (round::open_patch_of picks the resourceVersion fence).
         let mut s = snap();
         s.status = None;
         let d = Case::new(s.clone(), at(0)).decide();
-        assert_eq!(d.step, Step::Initialise);
-        assert_eq!(d.ready.unwrap().reason, reason::WAITING_FOR_REPLICAS);
-        s.status = Some(MiroirSnapshotStatus {
-            ready_to_use: Some(false),
-            ..Default::default()
-        });
-        assert_eq!(Case::new(s, at(0)).decide().step, Step::Initialise);
+        let Step::Open { stamp, diskful } = &d.step else {
+            panic!("{d:?}")
+        };
+        let mut doc = serde_json::to_value(&s).unwrap();
+        let p = crate::snapshot::round::open_patch_of(&s, stamp, diskful, &[]);
+        json_patch::patch(
+            &mut doc,
+            &serde_json::from_value::<json_patch::Patch>(p).unwrap(),
+        )
+        .unwrap();
+        let next: MiroirSnapshot = serde_json::from_value(doc).unwrap();
+        let st = next.status.as_ref().unwrap();
+        assert_eq!(
+            (st.ready_to_use, st.io_suspended),
+            (Some(false), Some(true))
+        );
+        // A waiting one writes its condition with the flags (apply's init_patch).
+        let mut c = Case::new(s, at(0));
+        c.volume = None;
+        let d = c.decide();
+        assert_eq!(
+            (&d.step, reason_of(&d)),
+            (&Step::Wait, Some(reason::VOLUME_NOT_FOUND))
+        );
     }
 
     #[test]

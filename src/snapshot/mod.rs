@@ -12,6 +12,7 @@ pub mod agent;
 pub mod apply;
 pub mod context;
 pub mod decide;
+pub mod grant;
 pub mod observe;
 pub mod round;
 pub mod run;
@@ -51,12 +52,13 @@ pub fn rbac() -> Vec<PolicyRule> {
     ]
 }
 
-/// In the agent namespace (by default the manager's): the agents' heartbeat Leases.
+/// In the agent namespace (by default the manager's): the agents' heartbeat Leases (read) and
+/// the volumes' round grants (docs/snapshot.md, "One round per volume").
 pub fn namespaced_rbac() -> Vec<PolicyRule> {
     vec![rule(
         &["coordination.k8s.io"],
         &["leases"],
-        &["get", "list", "watch"],
+        &["get", "list", "watch", "create", "patch"],
     )]
 }
 

@@ -1,7 +1,7 @@
 //! What the manager reads for one snapshot (docs/snapshot.md, "Manager states" and "Open gates"):
-//! its volume and the agents' heartbeats from the caches, another snapshot's open round on the
-//! same volume, and which watch events concern which snapshot (a heartbeat of an agent it waits
-//! on, a round closing on its volume).
+//! its volume and the agents' heartbeats from the caches, and which watch events concern which
+//! snapshot (a heartbeat of an agent it waits on, a round closing on its volume). Another
+//! snapshot's round on the volume is the grant's business (`grant.rs`).
 
 use std::collections::BTreeMap;
 
@@ -71,20 +71,6 @@ pub fn waits_on_round(s: &MiroirSnapshot) -> bool {
     })
 }
 
-/// Another snapshot of `volume` with an open round, among `candidates`.
-pub(super) fn other_open_round<'a>(
-    me: &MiroirSnapshot,
-    candidates: impl Iterator<Item = &'a MiroirSnapshot>,
-) -> Option<String> {
-    let mut names: Vec<String> = candidates
-        .filter(|s| s.spec.volume_name == me.spec.volume_name && s.name_any() != me.name_any())
-        .filter(|s| RoundView::of(s).io_suspended && !RoundView::of(s).ready)
-        .map(|s| s.name_any())
-        .collect();
-    names.sort();
-    names.into_iter().next()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,18 +115,5 @@ mod tests {
         );
         s.metadata.deletion_timestamp = Some(conditions::now());
         assert!(waits_on_agent(&s, "n1"));
-    }
-
-    #[test]
-    fn other_open_round_ignores_self_other_volumes_and_closed_rounds() {
-        let me = snap("a", "v", false);
-        let all = [
-            snap("a", "v", true),
-            snap("b", "v", false),
-            snap("c", "w", true),
-            snap("d", "v", true),
-        ];
-        assert_eq!(other_open_round(&me, all.iter()), Some("d".into()));
-        assert_eq!(other_open_round(&me, all[..3].iter()), None);
     }
 }

@@ -209,6 +209,47 @@ fn open_round_tests(uid: &str, round: Option<&str>, resource_version: &str) -> V
     ops
 }
 
+/// The open patch for `snap` as observed: [`open_patch`] once the flags are present, else (the
+/// snapshot's first status write, docs/snapshot.md "Manager states" row 3) the whole status with
+/// the flags and the round, pinned to the resourceVersion: no round can be open before it.
+pub fn open_patch_of(
+    snap: &MiroirSnapshot,
+    stamp: &str,
+    diskful: &[String],
+    conditions: &[Condition],
+) -> Value {
+    let uid = snap.metadata.uid.as_deref().unwrap_or_default();
+    let rv = snap
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default();
+    let st = snap.status.as_ref();
+    if st.is_some_and(|s| s.ready_to_use.is_some() && s.io_suspended.is_some()) {
+        let at = st.and_then(|s| s.suspended_at.as_deref());
+        return open_patch(uid, at, rv, stamp, diskful, conditions);
+    }
+    let mut status = st.cloned().unwrap_or_default();
+    status.ready_to_use = Some(false);
+    status.io_suspended = Some(true);
+    status.suspended_at = Some(stamp.to_string());
+    status.per_node = Some(
+        diskful
+            .iter()
+            .map(|n| (n.clone(), SlotState::Pending))
+            .collect(),
+    );
+    status.conditions = conditions.to_vec();
+    json!([
+        test("/metadata/uid", json!(uid)),
+        test("/metadata/resourceVersion", json!(rv)),
+        add(
+            "/status",
+            serde_json::to_value(&status).unwrap_or_else(|_| json!({}))
+        ),
+    ])
+}
+
 /// Publish a round in one fenced write (docs/snapshot.md, "Round writes"). `round` is the observed
 /// `suspendedAt`.
 pub fn publish_patch(
@@ -254,6 +295,20 @@ pub fn void_patch(
         conditions_value(conditions),
     ));
     Value::Array(ops)
+}
+
+/// Set a forged `readyToUse` back to false (manager row 2): pinned to the resourceVersion the
+/// forgery was seen at, so it never undoes a later write. `ioSuspended` goes false too: agents
+/// lift on a `readyToUse` (agent row 2), so a round that was open is over; its `suspendedAt` stays
+/// and counts as a void's (the backoff runs from it).
+pub fn unpublish_patch(uid: &str, resource_version: &str, conditions: &[Condition]) -> Value {
+    json!([
+        test("/metadata/uid", json!(uid)),
+        test("/metadata/resourceVersion", json!(resource_version)),
+        add(&status_path("readyToUse"), json!(false)),
+        add(&status_path("ioSuspended"), json!(false)),
+        add(&status_path("conditions"), conditions_value(conditions)),
+    ])
 }
 
 /// Conditions alone, pinned to the observed round fields so it can never undo a round change.

@@ -14,14 +14,14 @@ use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{
     Api, ResourceExt,
-    api::ListParams,
     runtime::{WatchStreamExt, controller::Action, reflector::ObjectRef, watcher},
 };
 
 use super::apply::act;
 use super::context::{Context, Error, RoundMetrics, Settings};
 use super::decide::{self, Observed, Step};
-use super::observe::{AGENT_LEASE_PREFIX, other_open_round, waits_on_agent, waits_on_round};
+use super::grant;
+use super::observe::{AGENT_LEASE_PREFIX, waits_on_agent, waits_on_round};
 use super::types::{MiroirSnapshot, MiroirVolume};
 use crate::runtime::{Guarded, Runtime, Trigger, controller};
 
@@ -32,20 +32,16 @@ pub const CONTROLLER: &str = "miroirsnapshot";
 pub async fn reconcile(snap: Arc<MiroirSnapshot>, ctx: Arc<Context>) -> Result<Action, Error> {
     let mut snap = (*snap).clone();
     let mut fresh = false;
-    // At most: one uncached re-read (manager row 8) and one re-decision under the volume lock
-    // (row 13).
-    for _ in 0..3 {
+    // At most one uncached re-read of the snapshot (manager row 8).
+    for _ in 0..2 {
         let now = Timestamp::now();
         let volume = ctx.volume(&snap.spec.volume_name);
         let heartbeats = ctx.heartbeats();
-        // By reference: cloning every cached snapshot on each pass made a pass O(n) deep copies.
-        let cached = ctx.snapshot_store.state();
-        let other = other_open_round(&snap, cached.iter().filter_map(|g| g.0.as_ref().ok()));
         let obs = Observed {
             snapshot: &snap,
             volume: volume.as_ref(),
             heartbeats: &heartbeats,
-            other_round: other.as_deref(),
+            other_round: None,
             fresh,
             now,
         };
@@ -60,43 +56,102 @@ pub async fn reconcile(snap: Arc<MiroirSnapshot>, ctx: Arc<Context>) -> Result<A
                 fresh = true;
                 continue;
             }
-            // Opening, or waiting for another snapshot's round per the cache: decide again under
-            // the per-volume lock with uncached data (I8), so a stale cache neither opens a
-            // second round nor leaves this one waiting for a round that already closed.
-            _ if !fresh
-                && (matches!(d.step, Step::Open { .. })
-                    || d.ready
-                        .as_ref()
-                        .is_some_and(|r| r.reason == decide::reason::WAITING_FOR_ROUND)) =>
-            {
+            // Opening: take the volume's round grant first (I8, docs/snapshot.md, "One round per
+            // volume"); while another snapshot holds it, decide again as waiting on that one.
+            Step::Open { stamp, .. } => {
+                let Some(volume) = volume.as_ref() else {
+                    return act(&snap, d, &ctx).await;
+                };
                 let lock = ctx.volume_lock(&snap.spec.volume_name);
                 let _g = lock.lock().await;
-                let same_volume = ListParams::default()
-                    .fields(&format!("spec.volumeName={}", snap.spec.volume_name));
-                let all = ctx
-                    .snapshots
-                    .list(&same_volume)
-                    .await
-                    .map_err(Error::Read)?;
-                let Some(me) = all.items.iter().find(|s| s.uid() == snap.uid()).cloned() else {
-                    return Ok(Action::await_change());
-                };
-                let other = other_open_round(&me, all.items.iter());
-                let obs = Observed {
-                    snapshot: &me,
-                    volume: volume.as_ref(),
-                    heartbeats: &heartbeats,
-                    other_round: other.as_deref(),
-                    fresh: true,
-                    now: Timestamp::now(),
-                };
-                let d = decide::decide(&obs, &ctx.settings);
-                return act(&me, d, &ctx).await;
+                match ctx.take_grant(&snap, volume, stamp, now).await? {
+                    None => return act(&snap, d, &ctx).await,
+                    Some((holder, until)) => {
+                        let obs = Observed {
+                            other_round: Some(&holder),
+                            ..obs
+                        };
+                        let mut d = decide::decide(&obs, &ctx.settings);
+                        d.requeue_at = d.requeue_at.or(until);
+                        return act(&snap, d, &ctx).await;
+                    }
+                }
             }
             _ => return act(&snap, d, &ctx).await,
         }
     }
     Ok(Action::requeue(Duration::from_secs(1)))
+}
+
+impl Context {
+    /// Writes the volume's round grant for `snap`'s round stamped `stamp` (docs/snapshot.md,
+    /// "One round per volume"). `Ok(None)`: granted, open now. `Ok(Some((holder, until)))`:
+    /// another snapshot's round holds the volume; look again at `until` if it never opens (its
+    /// closing wakes this snapshot otherwise). A grant taken meanwhile by another writer fails the
+    /// fenced write: `Error::Fenced`, decided again.
+    async fn take_grant(
+        &self,
+        snap: &MiroirSnapshot,
+        volume: &MiroirVolume,
+        stamp: &str,
+        now: Timestamp,
+    ) -> Result<Option<(String, Option<Timestamp>)>, Error> {
+        let name = grant::lease_name(&snap.spec.volume_name);
+        let lease = self
+            .leases
+            .get(&ObjectRef::new(&name).within(&self.agent_namespace))
+            .map(|l| (*l).clone());
+        let uid = snap.uid().unwrap_or_default();
+        if let Some(g) = lease.as_ref().and_then(grant::grant_of) {
+            let cached = self
+                .snapshot_store
+                .get(&ObjectRef::new(&g.snapshot))
+                .and_then(|h| h.0.as_ref().ok().cloned());
+            let deadline = self.settings.deadline;
+            let mut state = grant::holder_state(&g, cached.as_ref(), &uid, now, deadline, false);
+            if state == grant::Holder::Unknown {
+                // Not cached (a restart, or a cache behind the Lease's watch): one uncached read
+                // of that one snapshot, never a list.
+                let fresh = self
+                    .snapshots
+                    .get_opt(&g.snapshot)
+                    .await
+                    .map_err(Error::Read)?;
+                state = grant::holder_state(&g, fresh.as_ref(), &uid, now, deadline, true);
+            }
+            match state {
+                grant::Holder::Over => {}
+                grant::Holder::Open | grant::Holder::Unknown => {
+                    return Ok(Some((g.snapshot, None)));
+                }
+                grant::Holder::Pending(until) => return Ok(Some((g.snapshot, Some(until)))),
+            }
+        }
+        let deadline = self.settings.deadline;
+        let written = match lease {
+            None => {
+                let l = grant::new_lease(&self.agent_namespace, volume, snap, stamp, deadline);
+                self.writer.create(&self.round_leases, &l).await.map(|_| ())
+            }
+            Some(l) => {
+                let rv = l.resource_version().unwrap_or_default();
+                let p: json_patch::Patch =
+                    serde_json::from_value(grant::grant_patch(&rv, snap, stamp, deadline))?;
+                self.writer
+                    .patch(&self.round_leases, &name, &kube::api::Patch::<()>::Json(p))
+                    .await
+                    .map(|_| ())
+            }
+        };
+        written.map_err(|e| {
+            if e.is_conflict() || e.is_already_exists() {
+                Error::Fenced
+            } else {
+                Error::Write(e)
+            }
+        })?;
+        Ok(None)
+    }
 }
 
 /// Builds and runs the controller until shutdown.
@@ -188,6 +243,8 @@ pub async fn run(rt: Runtime, settings: Settings, agent_namespace: String) {
         snapshot_store: store,
         volumes: vol_reader,
         leases: lease_reader,
+        round_leases: Api::namespaced(client.clone(), &agent_namespace),
+        agent_namespace,
         settings,
         metrics: RoundMetrics::register(&rt.metrics.registry),
         volume_locks: Mutex::new(HashMap::new()),

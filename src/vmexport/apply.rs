@@ -40,6 +40,10 @@ use super::sources::source_vm;
 use super::status::{links, write_status};
 use super::types::{Condition, VirtualMachineExport};
 
+/// How long a pass on a copy that predates our own status write waits to look again: the watch
+/// delivers the write within milliseconds, and the recheck reads only caches.
+const STALE_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
 pub(super) async fn create_restore_pvcs(
     ctx: &Context,
     export: &VirtualMachineExport,
@@ -202,6 +206,12 @@ pub(super) async fn apply(
         status.links = Some(links(ctx, export, observed.kind, p).await?);
     }
     if export.status.as_ref() != Some(&status) {
+        let rv = export.resource_version().unwrap_or_default();
+        if ctx.replaced.is_stale(&ns, &name, &rv) {
+            // Our last status write has not reached the cache: writing again would only
+            // conflict (409) with it. Look again once its echo is in.
+            return Ok(Action::requeue(STALE_RECHECK));
+        }
         write_status(ctx, export, &status).await?;
     }
     match failure {
@@ -228,15 +238,6 @@ async fn create_pod(
             slim_pod(&mut p);
             ctx.recent
                 .remember("Pod", &ns, &name, Created::Pod(Box::new(p)));
-            ctx.writer
-                .event(
-                    &object_ref(export),
-                    kube::runtime::events::EventType::Normal,
-                    "ExporterPodCreated",
-                    "Create",
-                    format!("Created exporter pod {ns}/{name}"),
-                )
-                .await;
             Ok(true)
         }
         Err(e) if e.is_already_exists() => Ok(false),
@@ -362,17 +363,6 @@ pub(super) async fn ensure_manifest(
             .apply(&api, &desired)
             .await
             .map_err(|e| format!("ConfigMap {name}: {e}"))?;
-        if existing.is_none() {
-            ctx.writer
-                .event(
-                    &object_ref(export),
-                    EventType::Normal,
-                    "DataManifestCreated",
-                    "Create",
-                    format!("Created exporter data manifest {ns}/{name}"),
-                )
-                .await;
-        }
     }
     Ok(true)
 }
@@ -433,15 +423,6 @@ pub(super) async fn create_service(
                 &name,
                 Created::Meta(Box::new(created.metadata)),
             );
-            ctx.writer
-                .event(
-                    &object_ref(export),
-                    EventType::Normal,
-                    "ServiceCreated",
-                    "Create",
-                    format!("Created service {ns}/{name}"),
-                )
-                .await;
             Ok(())
         }
         // Made meanwhile, or someone else's the cache does not show (unlabelled): whose?
@@ -492,15 +473,6 @@ pub(super) async fn create_token(
                 name,
                 Created::Meta(Box::new(created.metadata)),
             );
-            ctx.writer
-                .event(
-                    &object_ref(export),
-                    EventType::Normal,
-                    "SecretCreated",
-                    "Create",
-                    format!("Created default secret {ns}/{name}"),
-                )
-                .await;
             Ok(())
         }
         // Created meanwhile (another leader, or someone else, possibly unlabelled so the cache

@@ -185,6 +185,9 @@ pub struct Context {
     pub cfg: Config,
     pub stores: Stores,
     pub recent: Recent,
+    /// Exports whose cached version one of our status writes replaced (docs/vmexport.md, "Pass
+    /// steps"): a pass on such a copy does not write status again.
+    pub replaced: crate::runtime::replaced::Replaced,
     ca: tokio::sync::Mutex<Option<Pem>>,
     pub ttl_deletions: IntCounter,
 }
@@ -207,6 +210,7 @@ impl Context {
             cfg,
             stores,
             recent: Recent::default(),
+            replaced: Default::default(),
             ca: tokio::sync::Mutex::new(None),
             ttl_deletions,
         }

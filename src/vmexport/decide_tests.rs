@@ -826,3 +826,30 @@ fn a_missing_source_is_a_warning_event_once() {
     let p3 = plan(&observed(available()), &cfg(), now());
     assert!(!reasons(&p3).contains(&REASON_PVC_NOT_FOUND));
 }
+
+/// Status once per state a user sees (docs/vmexport.md, "Pass steps" step 8): the first pass
+/// already shows the pod it creates as pending, so the passes its children's events bring, with
+/// the pod pending, compute the very status it wrote (no second write); the ready pod changes it
+/// once. No pass on the way emits an event.
+#[test]
+fn a_new_export_changes_status_once_per_state_and_emits_no_event() {
+    let mut o = observed(available());
+    (o.service, o.token, o.cert) = (None, None, None);
+    let first = plan(&o, &cfg(), now());
+    // Its write lands; the children and the pending pod appear in the caches.
+    let mut o = with_pod(observed(available()), pod("Pending", false));
+    o.export.status = Some(first.status.clone());
+    let later = plan(&o, &cfg(), now() + jiff::SignedDuration::from_secs(1));
+    assert_eq!(
+        later.status, first.status,
+        "a pass with nothing new writes nothing"
+    );
+    let mut o = with_pod(observed(available()), pod("Running", true));
+    o.export.status = Some(first.status.clone());
+    let ready = plan(&o, &cfg(), now() + jiff::SignedDuration::from_secs(2));
+    assert_ne!(ready.status, first.status);
+    assert_eq!(phase(&ready), PHASE_READY);
+    for p in [&first, &later, &ready] {
+        assert!(p.events.is_empty(), "{:?}", reasons(p));
+    }
+}

@@ -53,10 +53,18 @@ pub(super) async fn write_status(
     let api: Api<VirtualMachineExport> =
         Api::namespaced(ctx.client.clone(), &export.namespace().unwrap_or_default());
     let rv = export.resource_version().unwrap_or_default();
-    ctx.writer
-        .merge_status_fenced(&api, &export.name_any(), &rv, &patch)
+    let (ns, name) = (export.namespace().unwrap_or_default(), export.name_any());
+    let written = ctx
+        .writer
+        .merge_status_fenced(&api, &name, &rv, &patch)
         .await
         .map_err(Error::WriteStatus)?;
+    ctx.replaced.note(
+        &ns,
+        &name,
+        &rv,
+        &written.resource_version().unwrap_or_default(),
+    );
     Ok(())
 }
 

@@ -364,7 +364,8 @@ fn open_round(s: &MiroirSnapshot) -> Option<String> {
 
 /// Bad input: the API server refuses a retargeted volumeName with upstream's message, an
 /// invalid perNode value and a bad condition reason; MiroirVolume keeps fields outside ucm's
-/// subset; a snapshot of a missing volume reports VolumeNotFound and recovers when it appears.
+/// subset; a snapshot of a missing volume reports VolumeNotFound and recovers when it appears; a
+/// forged `readyToUse: true` is set back to false with one Warning, and a real round cuts it.
 #[tokio::test]
 #[ignore = "e2e: needs the local control plane (make e2e)"]
 async fn bad_input_is_refused_or_reported() {
@@ -429,10 +430,60 @@ async fn bad_input_is_refused_or_reported() {
         .unwrap_err();
     assert!(err.to_string().contains("reason"), "{err}");
 
-    // The volume appears: the snapshot recovers by itself (volume watch, no polling).
+    // A stranger's readyToUse (no round cut anything): CSI consumers read the boolean, so it is
+    // set back to false, with one Warning saying so (docs/snapshot.md, "Manager states", row 2).
+    rig.snapshots()
+        .patch_status(
+            &snap,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"readyToUse": true}})),
+        )
+        .await
+        .unwrap();
+    let s = wait_status(
+        &rig,
+        &snap,
+        "the forged readyToUse set back",
+        TIMEOUT,
+        |s| s.status.as_ref().and_then(|st| st.ready_to_use) == Some(false),
+    )
+    .await;
+    assert!(slots(&s).is_empty(), "nothing was cut: {:?}", slots(&s));
+    let uid = s.uid().unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(rig.env.client.clone(), "default");
+    eventually(TIMEOUT, "one ReadyWithoutCut Warning", || async {
+        let evs = events.list(&Default::default()).await.unwrap().items;
+        let forged: Vec<_> = evs
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.clone()) == Some(uid.clone()))
+            .filter(|e| e.reason.as_deref() == Some("ReadyWithoutCut"))
+            .collect();
+        forged.len() == 1
+            && forged[0].type_.as_deref() == Some("Warning")
+            && forged[0]
+                .note
+                .as_deref()
+                .unwrap_or("")
+                .contains("readyToUse")
+    })
+    .await;
+
+    // The volume appears: the snapshot recovers by itself (volume watch, no polling), and the
+    // corrected snapshot is cut for real.
     rig.create_volume(&vol, rig.replicas(&["a", "b", "c"], &[]), &["a", "b", "c"])
         .await;
-    rig.wait_ready(&snap, Duration::from_secs(30)).await;
+    let s = rig.wait_ready(&snap, Duration::from_secs(30)).await;
+    assert_eq!(
+        slots(&s),
+        ["a", "b", "c"]
+            .iter()
+            .map(|n| (rig.node(n), SlotState::Done))
+            .collect::<Vec<_>>()
+    );
+    for n in ["a", "b", "c"] {
+        assert!(rig.snapshot_file(n, &snap).exists(), "node {n} has no cut");
+    }
 
     // Fields outside ucm's MiroirVolume subset survive.
     let ar = kube::api::ApiResource::erase::<MiroirVolume>(&());
@@ -974,4 +1025,129 @@ async fn agents_lift_before_the_manager_publishes() {
         );
     }
     rig.cleanup_snapshots(&[&snap], &[&vol]).await;
+}
+
+/// The volume's round grant (docs/snapshot.md, "One round per volume"): the Lease
+/// `ucm-snapshot-round-<volume>` names the snapshot whose round is open and its stamp. A
+/// restarted manager, with nothing in memory, keeps a second snapshot of the volume waiting on
+/// that round; and a grant whose round never opened (a manager that stopped between the grant
+/// and the open, here written by hand) holds the volume until its stamp + D, whatever the caches
+/// show. On every node the barriers of the volume's rounds never overlap.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn the_round_grant_holds_the_volume_across_a_restart_and_a_pending_grant() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let _serial = sole_snapshot_coordinator().await;
+    let (mut rig, vol, s1, _data) = Rig::three_replicas("snap-grant").await;
+    let s2 = unique("snap");
+    // Node c's agent is away: s1's round stays open until the deadline.
+    rig.agent("c").kill();
+    rig.create_snapshot(&s1, &vol).await;
+    let opened = wait_a_and_b_suspended(&rig, &s1).await;
+    let leases: Api<Lease> = Api::namespaced(rig.env.client.clone(), &rig.env.ns);
+    let name = ucm::snapshot::grant::lease_name(&vol);
+    let lease = leases
+        .get_opt(&name)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no round grant Lease {name} in {}", rig.env.ns));
+    let spec = lease.spec.clone().unwrap();
+    assert_eq!(
+        spec.holder_identity.as_deref(),
+        Some(format!("{s1}/{}", opened.uid().unwrap()).as_str())
+    );
+    let stamp = ucm::snapshot::round::parse_stamp(&open_round(&opened).unwrap()).unwrap();
+    assert_eq!(
+        spec.acquire_time.unwrap().0,
+        stamp,
+        "the grant names the round"
+    );
+    assert!(
+        lease
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "MiroirVolume" && o.name == vol),
+        "the grant goes with its volume: {:?}",
+        lease.metadata.owner_references
+    );
+
+    // A restarted manager: nothing in memory, s1's round still open.
+    let mut m = rig.manager.take().unwrap();
+    m.signal("KILL");
+    m.wait_exit(Duration::from_secs(10));
+    rig.start_manager();
+    rig.create_snapshot(&s2, &vol).await;
+    let s1_name = s1.clone();
+    let waiting = wait_status(&rig, &s2, "s2 waiting for s1's round", TIMEOUT, |s| {
+        ready_condition(s).is_some_and(|(_, r, m)| r == "WaitingForRound" && m.contains(&s1_name))
+    })
+    .await;
+    assert!(open_round(&waiting).is_none(), "s2 opened beside s1");
+    rig.start_agent("c");
+    rig.wait_ready(&s1, Duration::from_secs(60)).await;
+    rig.wait_ready(&s2, Duration::from_secs(60)).await;
+
+    // A pending grant: a snapshot of another (missing) volume never opens, yet the grant names
+    // it with a stamp of now. A third snapshot of the volume waits until that stamp + D (8 s).
+    let ghost = unique("snap");
+    rig.create_snapshot(&ghost, &unique("absent")).await;
+    let g = wait_status(&rig, &ghost, "the ghost's VolumeNotFound", TIMEOUT, |s| {
+        ready_condition(s).is_some_and(|(_, r, _)| r == "VolumeNotFound")
+    })
+    .await;
+    let granted = jiff::Timestamp::now().round(jiff::Unit::Second).unwrap();
+    leases
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "holderIdentity": format!("{ghost}/{}", g.uid().unwrap()),
+                "acquireTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(granted),
+                "leaseDurationSeconds": 8,
+            }})),
+        )
+        .await
+        .unwrap();
+    let s3 = unique("snap");
+    rig.create_snapshot(&s3, &vol).await;
+    let ghost_name = ghost.clone();
+    wait_status(&rig, &s3, "s3 waiting on the pending grant", TIMEOUT, |s| {
+        ready_condition(s)
+            .is_some_and(|(_, r, m)| r == "WaitingForRound" && m.contains(&ghost_name))
+    })
+    .await;
+    let r3 = rig.wait_ready(&s3, Duration::from_secs(60)).await;
+    let at3 = ucm::snapshot::round::parse_stamp(
+        r3.status.as_ref().unwrap().suspended_at.as_deref().unwrap(),
+    )
+    .unwrap();
+    assert!(
+        at3 >= granted + jiff::SignedDuration::from_secs(8),
+        "s3 opened at {at3}, before the pending grant of {granted} ran out"
+    );
+
+    // No two barriers of the volume at once on any node (each agent lifts as its last slot is
+    // Done, beside the publish: wait for the lifts first).
+    for n in ["a", "b", "c"] {
+        eventually(TIMEOUT, &format!("node {n} to lift"), || async {
+            rig.kernel_clear(n)
+        })
+        .await;
+    }
+    for n in ["a", "b"] {
+        let evs = kinds(&rig.events(n), &vol);
+        let barrier: Vec<&str> = evs
+            .iter()
+            .map(String::as_str)
+            .filter(|e| *e == "suspend" || *e == "resume")
+            .collect();
+        assert!(
+            barrier.chunks(2).all(|p| p == ["suspend", "resume"]),
+            "node {n}: {evs:?}"
+        );
+    }
+    rig.cleanup_snapshots(&[&s1, &s2, &s3, &ghost], &[&vol])
+        .await;
 }
