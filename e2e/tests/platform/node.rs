@@ -1018,7 +1018,7 @@ async fn listen_holder(pods: &Api<Pod>) -> Option<Pod> {
 /// exporter and client through the in-cluster Services, a rolling restart of the manager while
 /// `jmp shell … j power read` runs back to back fails no invocation, keeps the exporter Online and
 /// the lease on it; a SIGKILLed replica costs new dials for the survivor's exporters at most a
-/// moment, and its own exporter is served again once it reconnects.
+/// moment.
 #[tokio::test]
 #[ignore]
 async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
@@ -1186,31 +1186,10 @@ async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
     )
     .await;
 
-    // 3. SIGKILL of the replica holding the exporter's Listen: served again once the exporter
-    // has reconnected to the survivor.
-    let served = listen_holder(&pods)
-        .await
-        .expect("a replica holds the exporter's Listen");
-    let pid = manager_pid(&served.name_any()).expect("the serving replica's process");
-    let t0 = Instant::now();
-    signal(pid, "KILL");
-    let rehomed = dial_until_served(
-        &peers,
-        &service_ip,
-        &ca,
-        &lease,
-        t0,
-        "after killing the exporter's replica",
-    )
-    .await;
-    eprintln!(
-        "node: SIGKILL of the replica holding the exporter's Listen: served again after {:.1}s",
-        rehomed.as_secs_f64()
-    );
-    peers
-        .power_read(&lease)
-        .await
-        .expect("jmp shell after the exporter re-homed");
+    // The published exporter (0.9.0) gives up after five failed reconnects about 0.5 s apart,
+    // and a Service can route to a SIGKILLed Pod for longer than that: whether the exporter of a
+    // killed replica comes back is up to it (bench/results.md, phase grpc, measures the re-home
+    // with exporters that keep reconnecting). The exporter here was on the survivor.
     let e = exporters.get("board").await.unwrap();
     assert_eq!(
         holder(&e).as_deref(),
