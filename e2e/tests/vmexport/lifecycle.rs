@@ -331,30 +331,6 @@ async fn e4_e8_e18_pause_pod_lifecycle_and_phase_metric() {
     .await;
 }
 
-/// The serving certificate a new TLS handshake to 127.0.0.1:`port` gets (PEM body).
-fn presented_cert(port: u16, host: &str) -> String {
-    let out = Command::new("openssl")
-        .args([
-            "s_client",
-            "-connect",
-            &format!("127.0.0.1:{port}"),
-            "-servername",
-            host,
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .expect("openssl is required for this test");
-    pem_body(&String::from_utf8_lossy(&out.stdout))
-}
-
-fn pem_body(text: &str) -> String {
-    text.split("-----BEGIN CERTIFICATE-----")
-        .nth(1)
-        .and_then(|r| r.split("-----END CERTIFICATE-----").next())
-        .map(|b| b.split_whitespace().collect())
-        .unwrap_or_default()
-}
-
 /// Issue 34: a download through the export the reconciler made spans a certificate renewal and
 /// the TTL, and completes byte-exact. The Pod the manager rendered runs as a real `ucm
 /// export-server` (the bridge); the test plays the kubelet: it copies the certificate Secret

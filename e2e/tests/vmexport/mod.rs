@@ -318,3 +318,29 @@ async fn create_dyn(api: &Api<DynamicObject>, body: serde_json::Value) {
         .unwrap();
     }
 }
+
+/// The serving certificate a new TLS handshake to 127.0.0.1:`port` for `host` gets (PEM body,
+/// no armour).
+fn presented_cert(port: u16, host: &str) -> String {
+    let out = Command::new("openssl")
+        .args([
+            "s_client",
+            "-connect",
+            &format!("127.0.0.1:{port}"),
+            "-servername",
+            host,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("openssl is required for this test");
+    pem_body(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The first certificate of a PEM text, its base64 body without armour or whitespace.
+fn pem_body(text: &str) -> String {
+    text.split("-----BEGIN CERTIFICATE-----")
+        .nth(1)
+        .and_then(|r| r.split("-----END CERTIFICATE-----").next())
+        .map(|b| b.split_whitespace().collect())
+        .unwrap_or_default()
+}

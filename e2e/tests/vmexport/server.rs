@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use super::{pem_body, presented_cert};
 use ucm::vmexport::certs;
 
 use crate::common::free_port;
@@ -925,30 +926,6 @@ fn s13_default_listen_address_is_dual_stack() {
     );
 }
 
-/// The serving certificate a new TLS handshake to the server gets (PEM body, no armour).
-fn presented_cert(port: u16) -> String {
-    let out = Command::new("openssl")
-        .args([
-            "s_client",
-            "-connect",
-            &format!("127.0.0.1:{port}"),
-            "-servername",
-            &format!("{SVC}.{NS}.svc"),
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .expect("openssl is required for this test");
-    pem_body(&String::from_utf8_lossy(&out.stdout))
-}
-
-fn pem_body(text: &str) -> String {
-    text.split("-----BEGIN CERTIFICATE-----")
-        .nth(1)
-        .and_then(|r| r.split("-----END CERTIFICATE-----").next())
-        .map(|b| b.split_whitespace().collect())
-        .unwrap_or_default()
-}
-
 /// Issue 34: nothing ucm does cuts a download in flight. One slow download (about 10 s) spans a
 /// certificate rotation (the files swapped as the kubelet updates a Secret volume), the
 /// server's DEADLINE (the TTL) and many idle timeouts (about 13 s); it completes byte-exact, new handshakes
@@ -982,7 +959,7 @@ fn s14_download_spans_cert_rotation_deadline_and_idle_timeouts() {
         Some(vols),
     );
     let old_cert = pem_body(&fs::read_to_string(s.root().join("cert/tls.crt")).unwrap());
-    assert_eq!(presented_cert(s.port), old_cert);
+    assert_eq!(presented_cert(s.port, &format!("{SVC}.{NS}.svc")), old_cert);
 
     let got = s.root().join("got.img");
     let download = Command::new("curl")
@@ -1047,7 +1024,7 @@ fn s14_download_spans_cert_rotation_deadline_and_idle_timeouts() {
     let new_cert = pem_body(&new.cert);
     assert_ne!(new_cert, old_cert);
     let t_rot = Instant::now();
-    while presented_cert(s.port) != new_cert {
+    while presented_cert(s.port, &format!("{SVC}.{NS}.svc")) != new_cert {
         assert!(
             t_rot.elapsed() < Duration::from_secs(5),
             "new handshakes still get the old certificate: {}",
