@@ -739,7 +739,7 @@ fn in_node_netns(venv: &std::path::Path, dir: &std::path::Path, bin: &str) -> Co
     .args([
         "sh",
         "-c",
-        r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#,
+        r#"mount --bind "$0" /etc/resolv.conf && { [ -z "$UCM_E2E_HOSTS" ] || mount --bind "$UCM_E2E_HOSTS" /etc/hosts; } && exec "$@""#,
     ])
     .arg(&resolv)
     .arg(venv.join("bin").join(bin));
@@ -750,19 +750,25 @@ fn in_node_netns(venv: &std::path::Path, dir: &std::path::Path, bin: &str) -> Co
 /// A real jmp 0.9.0 exporter (MockPower) and client of a fresh namespace, both in the node's
 /// network namespace dialling the in-cluster Service names, the exporter Available.
 struct NodeJmp {
+    // Dropped before `dir`, which holds its log (printed when a test fails).
+    exporter: crate::exporter::jumpstarter::ExporterProc,
     client: Client,
     venv: PathBuf,
     dir: tempfile::TempDir,
     ns: String,
     client_cfg: PathBuf,
     client_token: String,
-    exporter: crate::exporter::jumpstarter::ExporterProc,
 }
 
 impl NodeJmp {
     async fn start(test: &str) -> NodeJmp {
         use ucm::exporter::crd::Exporter;
         let client = installed().await;
+        // A `jmp shell` right after the install must not reach the router before it serves.
+        eventually(Duration::from_secs(120), "a ready router", || async {
+            !ready_endpoints(&client, NS, "ucm-router").await.is_empty()
+        })
+        .await;
         let venv = tokio::task::spawn_blocking(jumpstarter_venv).await.unwrap();
         let ns = create_namespace(&client, test).await;
         let exporters: Api<Exporter> = Api::namespaced(client.clone(), &ns);
@@ -818,7 +824,7 @@ impl NodeJmp {
         let exporter = crate::exporter::jumpstarter::ExporterProc {
             child: Some(
                 in_node_netns(&venv, dir.path(), "jmp")
-                    .args(["run", "--exporter-config"])
+                    .args(["--log-level", "INFO", "run", "--exporter-config"])
                     .arg(&exporter_cfg)
                     .stdin(Stdio::null())
                     .stdout(out.try_clone().unwrap())
@@ -862,7 +868,21 @@ impl NodeJmp {
 
     /// `jmp <args> --client-config <cfg>`: (success, stdout, stderr).
     async fn jmp(&self, args: &[&str]) -> (bool, String, String) {
+        self.jmp_with(None, args).await
+    }
+
+    /// `hosts`: an /etc/hosts for the command (names it resolves without the cluster's DNS).
+    async fn jmp_with(
+        &self,
+        hosts: Option<&std::path::Path>,
+        args: &[&str],
+    ) -> (bool, String, String) {
         let mut cmd = in_node_netns(&self.venv, self.dir.path(), "jmp");
+        if let Some(hosts) = hosts {
+            // gRPC's own resolver (c-ares) would skip /etc/hosts.
+            cmd.env("UCM_E2E_HOSTS", hosts)
+                .env("GRPC_DNS_RESOLVER", "native");
+        }
         let mut full: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         let at = full.iter().position(|a| a == "--").unwrap_or(full.len());
         full.insert(at, "--client-config".into());
@@ -899,10 +919,33 @@ impl NodeJmp {
 
     /// `jmp shell --lease <lease> -- j power read -n 1`: Ok, or the failure's output.
     async fn power_read(&self, lease: &str) -> Result<(), String> {
+        self.power_read_with(None, lease).await
+    }
+
+    /// The same with the controller's Service name resolving to one replica's Pod address
+    /// (an /etc/hosts of the jmp process's own): the certificate still matches the name.
+    async fn power_read_via(&self, pod_ip: &str, lease: &str) -> Result<(), String> {
+        let hosts = self.dir.path().join("hosts");
+        std::fs::write(
+            &hosts,
+            format!("127.0.0.1 localhost\n{pod_ip} ucm-grpc.ucm-system.svc\n"),
+        )
+        .unwrap();
+        self.power_read_with(Some(&hosts), lease).await
+    }
+
+    async fn power_read_with(
+        &self,
+        hosts: Option<&std::path::Path>,
+        lease: &str,
+    ) -> Result<(), String> {
         let (ok, out, err) = self
-            .jmp(&[
-                "shell", "--lease", lease, "--", "j", "power", "read", "-n", "1",
-            ])
+            .jmp_with(
+                hosts,
+                &[
+                    "shell", "--lease", lease, "--", "j", "power", "read", "-n", "1",
+                ],
+            )
             .await;
         if ok && out.contains("voltage=5.0 V  current=2.0 A") {
             Ok(())
@@ -1017,8 +1060,9 @@ async fn listen_holder(pods: &Api<Pod>) -> Option<Pod> {
 /// Every replica serves (docs/exporter.md, "Every replica serves"): with the published jmp 0.9.0
 /// exporter and client through the in-cluster Services, a rolling restart of the manager while
 /// `jmp shell … j power read` runs back to back fails no invocation, keeps the exporter Online and
-/// the lease on it; a SIGKILLed replica costs new dials for the survivor's exporters at most a
-/// moment.
+/// the lease on it; a Dial through one replica reaches the exporter listening on the other; a
+/// SIGKILLed replica costs new dials for the survivor's exporters at most a moment, and its own
+/// exporter is served again once it reconnects.
 #[tokio::test]
 #[ignore]
 async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
@@ -1146,11 +1190,8 @@ async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
         "the lease ended"
     );
 
-    // 2. SIGKILL of the replica that does not hold the exporter's Listen: dials for the exporter
-    // on the survivor go on (a connection that lands on the dead replica is refused and retried).
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
-    let ca = secret_data(&secrets, "ucm-exporter-grpc-tls", "tls.crt").await;
-    let service_ip = cluster_ip(&client, NS, "ucm-grpc").await;
+    // 2. `jmp shell` through the replica that does not hold the exporter's Listen (its Pod
+    // address, not the Service): the Dial crosses to the other replica.
     let served = listen_holder(&pods)
         .await
         .expect("a replica holds the exporter's Listen");
@@ -1159,6 +1200,35 @@ async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
         .into_iter()
         .find(|p| p.name_any() != served.name_any())
         .expect("the other replica");
+    let remote_dials = |p: &Pod| {
+        let (ok, body) = curl(&[&format!("http://{}:8080/metrics", pod_ip(p))]);
+        assert!(ok, "metrics of {}", p.name_any());
+        metric(
+            &String::from_utf8_lossy(&body),
+            "ucm_exporter_dial_seconds_count",
+            &[("path", "remote"), ("result", "delivered")],
+        )
+    };
+    let before = remote_dials(&other);
+    if let Err(out) = peers.power_read_via(&pod_ip(&other), &lease).await {
+        panic!(
+            "jmp shell through {} (the exporter listens on {}) failed:\n{out}",
+            other.name_any(),
+            served.name_any()
+        );
+    }
+    let after = remote_dials(&other);
+    assert!(
+        after > before,
+        "{} handed no Dial to the replica holding the Listen ({before} before, {after} after)",
+        other.name_any()
+    );
+
+    // 3. SIGKILL of the replica that does not hold the exporter's Listen: dials for the exporter
+    // on the survivor go on (a connection that lands on the dead replica is refused and retried).
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let ca = secret_data(&secrets, "ucm-exporter-grpc-tls", "tls.crt").await;
+    let service_ip = cluster_ip(&client, NS, "ucm-grpc").await;
     let pid = manager_pid(&other.name_any()).expect("the other replica's process");
     let t0 = Instant::now();
     signal(pid, "KILL");
@@ -1186,10 +1256,47 @@ async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
     )
     .await;
 
-    // The published exporter (0.9.0) gives up after five failed reconnects about 0.5 s apart,
-    // and a Service can route to a SIGKILLed Pod for longer than that: whether the exporter of a
-    // killed replica comes back is up to it (bench/results.md, phase grpc, measures the re-home
-    // with exporters that keep reconnecting). The exporter here was on the survivor.
+    // 4. SIGKILL of the replica holding the exporter's Listen (most often the leader by now):
+    // served again once the exporter has reconnected to the survivor. The published exporter
+    // retries each stream five times, then `jmp run` restarts it five times more: about 8 s in
+    // which the Service must stop sending it to the dead Pod.
+    let served = listen_holder(&pods)
+        .await
+        .expect("a replica holds the exporter's Listen");
+    let was_leader = serving_leader(&client)
+        .await
+        .is_some_and(|l| l.name_any() == served.name_any());
+    let pid = manager_pid(&served.name_any()).expect("the serving replica's process");
+    let t0 = Instant::now();
+    signal(pid, "KILL");
+    let rehomed = dial_until_served(
+        &peers,
+        &service_ip,
+        &ca,
+        &lease,
+        t0,
+        "after killing the exporter's replica",
+    )
+    .await;
+    eprintln!(
+        "node: SIGKILL of the replica holding the exporter's Listen ({}): served again after {:.1}s",
+        if was_leader {
+            "the leader"
+        } else {
+            "not the leader"
+        },
+        rehomed.as_secs_f64()
+    );
+    peers
+        .power_read(&lease)
+        .await
+        .expect("jmp shell after the exporter re-homed");
+    eventually(
+        Duration::from_secs(120),
+        "two serving replicas after the second restart",
+        || async { serving_leader(&client).await.is_some() },
+    )
+    .await;
     let e = exporters.get("board").await.unwrap();
     assert_eq!(
         holder(&e).as_deref(),
