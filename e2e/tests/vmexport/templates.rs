@@ -1,6 +1,7 @@
 //! The VirtualMachineTemplate source (KubeVirt 1.9, `virtctl vmexport create --vmtemplate`),
 //! with template objects the API server validates against virt-template's own CRD
-//! (e2e/testdata/virt-template).
+//! (e2e/testdata/virt-template). The API arriving after the manager is in `sources` (e11, on a
+//! control plane of its own).
 
 use super::*;
 
@@ -10,7 +11,7 @@ const TEMPLATE_CRD: &str = concat!(
 );
 
 /// virt-template's CRD, as its repository generates it.
-async fn install_template_crd(c: &Client) {
+pub(super) async fn install_template_crd(c: &Client) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let text = std::fs::read_to_string(TEMPLATE_CRD)
         .unwrap_or_else(|e| panic!("{TEMPLATE_CRD} is required for this test: {e}"));
@@ -37,8 +38,23 @@ fn ready(status: &str) -> serde_json::Value {
         "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]})
 }
 
-fn template_source(name: &str) -> serde_json::Value {
+pub(super) fn template_source(name: &str) -> serde_json::Value {
     json!({"apiGroup": "template.kubevirt.io", "kind": "VirtualMachineTemplate", "name": name})
+}
+
+/// A Ready template in `ns` whose VM has one volume, the claim `claim`.
+pub(super) async fn create_template(c: &Client, ns: &str, name: &str, claim: &str) {
+    create_dyn(
+        &templates(c, ns, "v1beta1"),
+        json!({
+            "apiVersion": "template.kubevirt.io/v1beta1", "kind": "VirtualMachineTemplate",
+            "metadata": {"name": name},
+            "spec": {"virtualMachine": {"spec": {"template": {"spec": {"volumes": [
+                {"name": "disk", "persistentVolumeClaim": {"claimName": claim}}]}}}}},
+            "status": ready("True"),
+        }),
+    )
+    .await;
 }
 
 /// The template of these tests: a DataVolume template cloning `${SRC}` (default `golden-root`),
