@@ -38,6 +38,8 @@ pub const REASON_VMSNAPSHOT_NO_VOLUMES: &str = "VMSnapshotNoVolumes";
 pub const REASON_NOT_ALL_PVCS_CREATED: &str = "NotAllPVCsCreated";
 pub const REASON_ALL_PVCS_READY: &str = "AllPVCsReady";
 pub const REASON_NOT_ALL_PVCS_READY: &str = "NotAllPVCsReady";
+pub const REASON_VM_TEMPLATE_NOT_FOUND: &str = "VMTemplateNotFound";
+pub const REASON_VM_TEMPLATE_NOT_READY: &str = "VMTemplateNotReady";
 // OURS ("Failures")
 pub const REASON_UNSUPPORTED_SOURCE: &str = "UnsupportedSource";
 pub const REASON_SOURCE_API_NOT_INSTALLED: &str = "SourceAPINotInstalled";
@@ -66,6 +68,8 @@ pub const ALL_REASONS: &[&str] = &[
     REASON_NOT_ALL_PVCS_CREATED,
     REASON_ALL_PVCS_READY,
     REASON_NOT_ALL_PVCS_READY,
+    REASON_VM_TEMPLATE_NOT_FOUND,
+    REASON_VM_TEMPLATE_NOT_READY,
     REASON_UNSUPPORTED_SOURCE,
     REASON_SOURCE_API_NOT_INSTALLED,
     REASON_INVALID_TOKEN_SECRET_REF,
@@ -96,6 +100,8 @@ pub const BLOCK_MOUNT_PATH: &str = "/dev/export-volumes";
 pub const FS_MOUNT_PATH: &str = "/export-volumes";
 pub const MANIFESTS_ALL_PATH: &str = "/manifests/all";
 pub const MANIFESTS_SECRET_PATH: &str = "/manifests/secret";
+/// The manifest ConfigMap's key for a template source's VirtualMachineTemplate (upstream's key).
+pub const VM_TEMPLATE_MANIFEST_KEY: &str = "virtualmachinetemplate-manifest";
 /// qemu UID/GID that owns CDI disk images (#9742).
 pub const KVM_ID: i64 = 107;
 

@@ -27,7 +27,8 @@ use super::decide::{
 };
 use super::naming;
 use super::objects::manifest::{
-    EXPAND_API, ManifestInput, build_manifest_configmap, expand_request, needs_expansion,
+    EXPAND_API, ManifestInput, build_manifest_configmap, build_template_configmap, expand_request,
+    needs_expansion,
 };
 use super::objects::owner_reference;
 use super::objects::pod::{ExportVolume, PodInput, build_pod, dedup_volumes};
@@ -36,7 +37,7 @@ use super::objects::status::condition;
 use super::objects::token::{build_token_secret, generate_token};
 use super::podcache::slim_pod;
 use super::sources::kind::SourceKind;
-use super::sources::source_vm;
+use super::sources::{source_template, source_vm};
 use super::status::{links, write_status};
 use super::types::{Condition, VirtualMachineExport};
 
@@ -291,10 +292,23 @@ pub(super) async fn ensure_manifest(
     volumes: &[ExportVolume],
 ) -> Result<bool, Failed> {
     let ns = export.namespace().unwrap_or_default();
-    let Some(mut vm) = source_vm(&ctx.stores, export, kind) else {
-        return Ok(false);
+    // A template is served as upstream keeps it; instancetypes stay references (its VM is not
+    // one KubeVirt can expand: it may hold `${PARAM}` placeholders).
+    let template = match kind {
+        SourceKind::VirtualMachineTemplate => match source_template(&ctx.stores, export) {
+            Some(t) => Some(t),
+            None => return Ok(false),
+        },
+        _ => None,
     };
-    if needs_expansion(&vm) {
+    let mut vm = match &template {
+        Some((tpl, _)) => tpl.clone(),
+        None => match source_vm(&ctx.stores, export, kind) {
+            Some(vm) => vm,
+            None => return Ok(false),
+        },
+    };
+    if template.is_none() && needs_expansion(&vm) {
         match expand_vm(ctx, &ns, kind, &export.spec.source.name, &vm).await {
             Ok(expanded) => vm = expanded,
             Err(msg) => {
@@ -334,7 +348,11 @@ pub(super) async fn ensure_manifest(
         volume_prefix: (kind == SourceKind::VirtualMachineSnapshot)
             .then(|| format!("{}-", export.name_any())),
     };
-    let desired = match build_manifest_configmap(&input) {
+    let built = match &template {
+        Some((_, api_version)) => Ok(build_template_configmap(&input, api_version)),
+        None => build_manifest_configmap(&input),
+    };
+    let desired = match built {
         Ok(cm) => cm,
         Err(msg) => {
             manifest_failed(ctx, export, msg).await;

@@ -142,17 +142,18 @@ impl Plan {
 }
 
 /// A Warning event when the source is first found missing (`PVCNotFound`, `VMNotFound`,
-/// `VMSnapshotNotFound`): the user must create it or fix the name, and `kubectl describe` and
+/// `VMSnapshotNotFound`, `VMTemplateNotFound`): the user must create it or fix the name, and `kubectl describe` and
 /// event-based alerting should say so. Once per transition: not while the old status already
 /// carries that reason.
 pub fn source_event(
     old: Option<&VirtualMachineExportStatus>,
     source: &super::sources::Source,
 ) -> Option<PlannedEvent> {
-    const MISSING: [&str; 3] = [
+    const MISSING: [&str; 4] = [
         REASON_PVC_NOT_FOUND,
         REASON_VM_NOT_FOUND,
         REASON_VMSNAPSHOT_NOT_FOUND,
+        REASON_VM_TEMPLATE_NOT_FOUND,
     ];
     if source.available {
         return None;
@@ -361,7 +362,9 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
         };
         plan.manifest = matches!(
             o.kind,
-            SourceKind::VirtualMachine | SourceKind::VirtualMachineSnapshot
+            SourceKind::VirtualMachine
+                | SourceKind::VirtualMachineSnapshot
+                | SourceKind::VirtualMachineTemplate
         );
         let cert_conflict = o
             .cert

@@ -4,7 +4,7 @@ use crate::vmexport::objects::pod::{ExportVolume, PodSettings};
 use crate::vmexport::optional::Optional;
 use crate::vmexport::podcache::ClaimIndex;
 use crate::vmexport::sources::kind::{classify_source, unsupported_source_message};
-use crate::vmexport::sources::{resolve_pvc, resolve_vm};
+use crate::vmexport::sources::{resolve_pvc, resolve_template, resolve_vm};
 use crate::vmexport::types::{TypedLocalObjectReference, VirtualMachineExportSpec};
 use k8s_openapi::api::core::v1::{
     ContainerStatus, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PodStatus,
@@ -532,6 +532,17 @@ fn vm_and_snapshot_sources_name_the_vm_and_keep_a_manifest() {
 }
 
 #[test]
+fn template_sources_keep_a_manifest_and_name_no_vm() {
+    let mut o = observed(available());
+    o.export = export_of("VirtualMachineTemplate", "t1");
+    o.export.spec.source.api_group = Some("template.kubevirt.io".into());
+    o.kind = SourceKind::VirtualMachineTemplate;
+    let p = plan(&o, &cfg(), now());
+    assert!(p.manifest);
+    assert_eq!(p.status.virtual_machine_name, None);
+}
+
+#[test]
 fn the_ttl_deletes_the_export_in_any_phase() {
     for p in [
         None,
@@ -786,6 +797,127 @@ fn pvc_source_from_the_stores() {
         s.extra.as_ref().unwrap().reason.as_deref(),
         Some(REASON_PVC_PENDING)
     );
+}
+
+fn template(name: &str, ready: bool, volumes: serde_json::Value) -> kube::api::DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "template.kubevirt.io/v1beta1", "kind": "VirtualMachineTemplate",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {
+            "parameters": [{"name": "SRC", "value": "golden"}, {"name": "NAME"}],
+            "virtualMachine": {"spec": {
+                "dataVolumeTemplates": [{"metadata": {"name": "${NAME}-root"}, "spec": {"source": {"pvc": {"name": "${SRC}"}}}}],
+                "template": {"spec": {"volumes": volumes}},
+            }},
+        },
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn template_source_from_the_stores() {
+    let mut e = export_of("VirtualMachineTemplate", "t1");
+    e.spec.source.api_group = Some("template.kubevirt.io".into());
+    let with = |pvcs: Vec<PersistentVolumeClaim>, tpls: Vec<kube::api::DynamicObject>| {
+        let mut st = stores(pvcs, vec![]);
+        st.optional = Arc::new(Optional::listed(
+            crate::vmexport::optional::Kind::VirtualMachineTemplate,
+            tpls,
+        ));
+        st
+    };
+    let reason = |s: &crate::vmexport::sources::Source| s.ready.reason.clone().unwrap();
+    // without virt-template: waits for its API
+    let s = resolve_template(&stores(vec![], vec![]), &e);
+    assert_eq!(
+        (s.phase_without_pod, reason(&s).as_str()),
+        (PHASE_PENDING, REASON_SOURCE_API_NOT_INSTALLED)
+    );
+    assert!(
+        s.ready
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("template.kubevirt.io/v1beta1 or v1alpha1 VirtualMachineTemplate")
+    );
+    let s = resolve_template(&with(vec![], vec![]), &e);
+    assert_eq!(
+        (s.phase_without_pod, reason(&s).as_str()),
+        (PHASE_SKIPPED, REASON_VM_TEMPLATE_NOT_FOUND)
+    );
+    assert_eq!(
+        s.ready.message.as_deref(),
+        Some("VirtualMachineTemplate ns/t1 not found")
+    );
+    let vols = serde_json::json!([
+        {"name": "root", "dataVolume": {"name": "${NAME}-root"}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+        {"name": "again", "dataVolume": {"name": "data"}},
+    ]);
+    let s = resolve_template(&with(vec![], vec![template("t1", false, vols.clone())]), &e);
+    assert_eq!(
+        (s.phase_without_pod, reason(&s).as_str()),
+        (PHASE_SKIPPED, REASON_VM_TEMPLATE_NOT_READY)
+    );
+    assert_eq!(
+        s.ready.message.as_deref(),
+        Some("VirtualMachineTemplate ns/t1 is not ready")
+    );
+    // Ready, no claim found yet: Skipped (no content); one found: Pending
+    let s = resolve_template(&with(vec![], vec![template("t1", true, vols.clone())]), &e);
+    assert_eq!(
+        (s.phase_without_pod, reason(&s).as_str(), s.available),
+        (PHASE_SKIPPED, REASON_VOLUMES_NOT_POPULATED, false)
+    );
+    assert_eq!(
+        s.ready.message.as_deref(),
+        Some("Not all volumes in VirtualMachineTemplate ns/t1 are populated")
+    );
+    let s = resolve_template(
+        &with(
+            vec![bound_pvc("golden")],
+            vec![template("t1", true, vols.clone())],
+        ),
+        &e,
+    );
+    assert_eq!(
+        (s.phase_without_pod, reason(&s).as_str()),
+        (PHASE_PENDING, REASON_VOLUMES_NOT_POPULATED)
+    );
+    let s = resolve_template(
+        &with(
+            vec![bound_pvc("golden"), bound_pvc("data")],
+            vec![template("t1", true, vols.clone())],
+        ),
+        &e,
+    );
+    assert!(s.available);
+    let claims: Vec<&str> = s.volumes.iter().map(|v| v.pvc.as_str()).collect();
+    assert_eq!(claims, ["golden", "data"], "each claim once");
+    // claims in use by another Pod do not block it (upstream does not check)
+    let mut st = with(
+        vec![bound_pvc("golden"), bound_pvc("data")],
+        vec![template("t1", true, vols)],
+    );
+    st.pods = stores(vec![], vec![user_of("golden")]).pods;
+    assert!(resolve_template(&st, &e).available);
+    // nothing to export: no DataVolume template cloning a claim, no claim volume
+    let mut bare = template("t1", true, serde_json::json!([]));
+    bare.data["spec"]["virtualMachine"]["spec"]["dataVolumeTemplates"] = serde_json::json!([]);
+    let s = resolve_template(&with(vec![], vec![bare]), &e);
+    assert_eq!(
+        (s.phase_without_pod, reason(&s).as_str()),
+        (PHASE_SKIPPED, REASON_VM_NO_VOLUMES)
+    );
+    assert_eq!(
+        s.ready.message.as_deref(),
+        Some("VirtualMachineTemplate ns/t1 has no volumes")
+    );
+    // the missing template is told once as a Warning event
+    let s = resolve_template(&with(vec![], vec![]), &e);
+    let ev = source_event(None, &s).unwrap();
+    assert_eq!(ev.reason, REASON_VM_TEMPLATE_NOT_FOUND);
 }
 
 #[test]

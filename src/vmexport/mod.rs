@@ -230,6 +230,11 @@ pub fn rbac() -> Vec<PolicyRule> {
             &["virtualmachinesnapshots", "virtualmachinesnapshotcontents"],
             &read,
         ),
+        rule(
+            &["template.kubevirt.io"],
+            &["virtualmachinetemplates"],
+            &read,
+        ),
         rule(&["snapshot.storage.k8s.io"], &["volumesnapshots"], &read),
         rule(&["cdi.kubevirt.io"], &["datavolumes"], &read),
         rule(&["events.k8s.io"], &["events"], &["create", "patch"]),

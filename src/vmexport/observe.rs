@@ -4,7 +4,7 @@
 //! A pass on an unchanged export sends no request: the Service, the Secrets (metadata), the
 //! Pod and the source all come from the watches that trigger passes. Reads that remain: the
 //! serving certificate's Secret before a pod is made (its certificate decides the reissue and
-//! the pod's deadline), the manifest ConfigMap of VM and snapshot sources, the CA once per
+//! the pod's deadline), the manifest ConfigMap of VM, snapshot and template sources, the CA once per
 //! process, and the proxy Ingress's TLS Secret for external links.
 
 use kube::ResourceExt;
@@ -46,6 +46,7 @@ pub(super) fn observe(ctx: &Context, export: &VirtualMachineExport) -> Observed 
         ),
         SourceKind::VirtualMachine => (resolve_vm(st, export), None),
         SourceKind::VirtualMachineSnapshot => resolve_snapshot(st, export),
+        SourceKind::VirtualMachineTemplate => (resolve_template(st, export), None),
     };
     let meta = |c: Created| match c {
         Created::Meta(m) => Some(*m),

@@ -1,5 +1,6 @@
 //! Optional APIs (docs/vmexport.md, "Optional APIs"): KubeVirt
-//! VirtualMachine/VirtualMachineInstance and CDI DataVolume are read only where installed.
+//! VirtualMachine/VirtualMachineInstance, snapshots, VirtualMachineTemplate and CDI DataVolume
+//! are read only where installed.
 //! Discovery runs at start and every 60 s; a watch starts once its API appears, and its events (and
 //! the appearance itself) re-trigger the exports that depend on it. A missing API never stops the
 //! manager.
@@ -24,9 +25,10 @@ pub enum Kind {
     VirtualMachineSnapshot,
     VirtualMachineSnapshotContent,
     VolumeSnapshot,
+    VirtualMachineTemplate,
 }
 
-const N: usize = 6;
+const N: usize = 7;
 
 impl Kind {
     pub const ALL: [Kind; N] = [
@@ -36,6 +38,7 @@ impl Kind {
         Kind::VirtualMachineSnapshot,
         Kind::VirtualMachineSnapshotContent,
         Kind::VolumeSnapshot,
+        Kind::VirtualMachineTemplate,
     ];
 
     /// Group, versions in order of preference, kind, plural.
@@ -73,6 +76,13 @@ impl Kind {
                 &["v1"],
                 "VolumeSnapshot",
                 "volumesnapshots",
+            ),
+            // virt-template serves v1beta1 (storage) and the deprecated v1alpha1.
+            Kind::VirtualMachineTemplate => (
+                "template.kubevirt.io",
+                &["v1beta1", "v1alpha1"],
+                "VirtualMachineTemplate",
+                "virtualmachinetemplates",
             ),
         }
     }
@@ -203,5 +213,22 @@ pub async fn run(
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(DISCOVERY_PERIOD) => {}
         }
+    }
+}
+
+#[cfg(test)]
+impl Optional {
+    /// Stores as if the API of `k` were installed and its watch had listed `objects`.
+    pub fn listed(k: Kind, objects: Vec<DynamicObject>) -> Self {
+        let o = Optional::default();
+        let ar = k.resource();
+        let mut w = reflector::store::Writer::new(ar.clone());
+        w.apply_watcher_event(&watcher::Event::Init);
+        for obj in objects {
+            w.apply_watcher_event(&watcher::Event::InitApply(obj));
+        }
+        w.apply_watcher_event(&watcher::Event::InitDone);
+        o.set(k, w.as_reader(), ar);
+        o
     }
 }

@@ -119,6 +119,7 @@ fn exports_of_optional(
                     let k = classify_source(&e.spec);
                     k == SourceKind::VirtualMachine
                         || k == SourceKind::VirtualMachineSnapshot
+                        || k == SourceKind::VirtualMachineTemplate
                         || (kind == Kind::DataVolume && k == SourceKind::Pvc)
                 })
             })
@@ -133,13 +134,16 @@ fn exports_of_optional(
         }
         Kind::DataVolume => {
             let mut out = exports_of_claim(store, &ns, &name);
-            out.extend(exports_of_kind(
-                store,
-                &ns,
+            for k in [
                 SourceKind::VirtualMachine,
-                None,
-            ));
+                SourceKind::VirtualMachineTemplate,
+            ] {
+                out.extend(exports_of_kind(store, &ns, k, None));
+            }
             out
+        }
+        Kind::VirtualMachineTemplate => {
+            exports_of_kind(store, &ns, SourceKind::VirtualMachineTemplate, Some(&name))
         }
         Kind::VirtualMachineSnapshot => {
             exports_of_kind(store, &ns, SourceKind::VirtualMachineSnapshot, Some(&name))
@@ -258,9 +262,14 @@ pub async fn run(rt: Runtime, cfg: Config) {
         .watches_stream(pvc_events.boxed(), move |pvc: PersistentVolumeClaim| {
             let ns = pvc.namespace().unwrap_or_default();
             let mut out = exports_of_claim(&s1, &ns, &pvc.name_any());
-            // A VM's claims (and its backend PVC) are not indexed: VM exports of the namespace
-            // are re-checked, which is cheap and idempotent.
-            out.extend(exports_of_kind(&s1, &ns, SourceKind::VirtualMachine, None));
+            // A VM's or template's claims (and a VM's backend PVC) are not indexed: VM and
+            // template exports of the namespace are re-checked, which is cheap and idempotent.
+            for k in [
+                SourceKind::VirtualMachine,
+                SourceKind::VirtualMachineTemplate,
+            ] {
+                out.extend(exports_of_kind(&s1, &ns, k, None));
+            }
             out
         })
         // The external host changes with the proxy's Ingress: every export's links may change.

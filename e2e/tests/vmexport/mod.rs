@@ -3,7 +3,7 @@
 //! run as a real `ucm export-server` and every internal link is downloaded through it.
 //!
 //! By subject: `pvc` (PVC sources, the bridge test), `sources` (VirtualMachine and snapshot
-//! sources), `lifecycle` (the export pod, TTL, validation), `links` (external links, the export
+//! sources), `templates` (the VirtualMachineTemplate source), `lifecycle` (the export pod, TTL, validation), `links` (external links, the export
 //! proxy, the CA), `manifests` (the `all` manifest); `bridge` holds the bridge, and `server`
 //! tests `ucm export-server` on its own. The helpers every subject uses are here.
 
@@ -25,6 +25,7 @@ mod manifests;
 mod pvc;
 mod server;
 mod sources;
+mod templates;
 
 use bridge::{Bridge, bridge, bridge_image, int_urls, wait_listening};
 

@@ -1,5 +1,5 @@
-//! VirtualMachine and VirtualMachineSnapshot sources, and KubeVirt's CRDs arriving after the
-//! manager.
+//! VirtualMachine and VirtualMachineSnapshot sources, and KubeVirt's CRDs (and virt-template's)
+//! arriving after the manager.
 
 use super::*;
 
@@ -350,6 +350,23 @@ async fn e11_without_kubevirt_crds_then_installed() {
         "{msg}"
     );
     wait_phase(&c, &ns, "pvcx", "Pending", "PodPending").await;
+    // so is a template source without virt-template's API
+    create_pvc(&c, &ns, "t", Some("kubevirt"), false).await;
+    create_export(
+        &c,
+        &ns,
+        "tplx",
+        super::templates::template_source("t1"),
+        None,
+    )
+    .await
+    .unwrap();
+    let (_, _, msg) =
+        ready_reason(&wait_phase(&c, &ns, "tplx", "Pending", "SourceAPINotInstalled").await);
+    assert!(
+        msg.contains("template.kubevirt.io") && msg.contains("VirtualMachineTemplate"),
+        "{msg}"
+    );
     assert_eq!(
         m.readyz().await.map(|r| r.0),
         Some(200),
@@ -358,6 +375,7 @@ async fn e11_without_kubevirt_crds_then_installed() {
 
     // the API appears: discovery (every 60 s) starts the watch and re-checks the export
     install_kubevirt_crds(&c).await;
+    super::templates::install_template_crd(&c).await;
     create_vm(
         &c,
         &ns,
@@ -365,16 +383,19 @@ async fn e11_without_kubevirt_crds_then_installed() {
         json!([{"name": "root", "persistentVolumeClaim": {"claimName": "d"}}]),
     )
     .await;
+    super::templates::create_template(&c, &ns, "t1", "t").await;
     let start = Instant::now();
-    loop {
-        let (p, r, _) = ready_reason(&export(&c, &ns, "vmx").await.unwrap());
-        if (p.as_str(), r.as_str()) == ("Pending", "PodPending") {
-            break;
+    for name in ["vmx", "tplx"] {
+        loop {
+            let (p, r, _) = ready_reason(&export(&c, &ns, name).await.unwrap());
+            if (p.as_str(), r.as_str()) == ("Pending", "PodPending") {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(75),
+                "{name} still {p}/{r} after the API appeared"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(75),
-            "still {p}/{r} after the API appeared"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

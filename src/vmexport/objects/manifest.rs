@@ -1,6 +1,6 @@
-//! The manifest ConfigMap of VM and snapshot sources (docs/vmexport.md, "Export server",
-//! "Optional APIs"): the cleaned VM with DataVolumes for its claims, and the expand-spec request
-//! for a VM with an instancetype or preference.
+//! The manifest ConfigMap of VM, snapshot and template sources (docs/vmexport.md, "Export
+//! server", "Optional APIs"): the cleaned VM (or VirtualMachineTemplate) with DataVolumes for its
+//! claims, and the expand-spec request for a VM with an instancetype or preference.
 
 use std::collections::BTreeMap;
 
@@ -16,7 +16,8 @@ use crate::vmexport::types::VirtualMachineExport;
 /// What the manifest ConfigMap is built from.
 pub struct ManifestInput<'a> {
     pub export: &'a VirtualMachineExport,
-    /// The VirtualMachine object (for snapshot sources, the copy in the snapshot content).
+    /// The VirtualMachine object (for snapshot sources, the copy in the snapshot content; for
+    /// template sources, the VirtualMachineTemplate).
     pub vm: &'a serde_json::Value,
     /// Claim name → the source claim's spec, for DataVolumes of non-template volumes.
     pub claims: &'a BTreeMap<String, k8s_openapi::api::core::v1::PersistentVolumeClaimSpec>,
@@ -103,7 +104,6 @@ pub fn build_manifest_configmap(
 ) -> Result<k8s_openapi::api::core::v1::ConfigMap, String> {
     use serde_json::{Value, json};
     let export = m.export;
-    let name = export.name_any();
     let ns = export.namespace().unwrap_or_default();
     if needs_expansion(m.vm) {
         return Err(format!(
@@ -131,28 +131,8 @@ pub fn build_manifest_configmap(
                 .collect()
         })
         .unwrap_or_default();
-    let service = naming::service_name(&name);
-    let mut data = BTreeMap::from([
-        (
-            "internal_host".to_string(),
-            format!("https://{service}.{ns}.svc"),
-        ),
-        (
-            "internal_ca_cm".to_string(),
-            m.internal_cert.trim().to_string(),
-        ),
-        ("virtualmachine-manifest".to_string(), vm.to_string()),
-        ("export-name".to_string(), name.clone()),
-    ]);
-    if let Some(h) = m.external_host {
-        data.insert(
-            "external_host".into(),
-            format!(
-                "https://{h}/api/{OWNER_API_VERSION}/namespaces/{ns}/virtualmachineexports/{name}"
-            ),
-        );
-        data.insert("external_ca_cm".into(), m.external_cert.trim().to_string());
-    }
+    let mut data = common_data(m);
+    data.insert("virtualmachine-manifest".to_string(), vm.to_string());
     if let Some(p) = &m.volume_prefix {
         data.insert("volume-prefix".into(), p.clone());
     }
@@ -181,16 +161,78 @@ pub fn build_manifest_configmap(
         });
         data.insert(format!("dv-{claim}"), dv.to_string());
     }
-    Ok(k8s_openapi::api::core::v1::ConfigMap {
+    Ok(configmap(export, data))
+}
+
+/// The keys every manifest ConfigMap carries: the hosts and CAs of both link kinds, the
+/// export's name.
+fn common_data(m: &ManifestInput<'_>) -> BTreeMap<String, String> {
+    let export = m.export;
+    let name = export.name_any();
+    let ns = export.namespace().unwrap_or_default();
+    let service = naming::service_name(&name);
+    let mut data = BTreeMap::from([
+        (
+            "internal_host".to_string(),
+            format!("https://{service}.{ns}.svc"),
+        ),
+        (
+            "internal_ca_cm".to_string(),
+            m.internal_cert.trim().to_string(),
+        ),
+        ("export-name".to_string(), name.clone()),
+    ]);
+    if let Some(h) = m.external_host {
+        data.insert(
+            "external_host".into(),
+            format!(
+                "https://{h}/api/{OWNER_API_VERSION}/namespaces/{ns}/virtualmachineexports/{name}"
+            ),
+        );
+        data.insert("external_ca_cm".into(), m.external_cert.trim().to_string());
+    }
+    data
+}
+
+fn configmap(
+    export: &VirtualMachineExport,
+    data: BTreeMap<String, String>,
+) -> k8s_openapi::api::core::v1::ConfigMap {
+    k8s_openapi::api::core::v1::ConfigMap {
         metadata: ObjectMeta {
-            name: Some(naming::manifest_configmap_name(&name)),
+            name: Some(naming::manifest_configmap_name(&export.name_any())),
             namespace: export.namespace(),
             owner_references: Some(vec![owner_reference(export)]),
             ..Default::default()
         },
         data: Some(data),
         ..Default::default()
-    })
+    }
+}
+
+/// The manifest ConfigMap of a template source (docs/vmexport.md, "Export server"): the
+/// template as upstream keeps it under `virtualmachinetemplate-manifest` (`m.vm` is the
+/// VirtualMachineTemplate, read with `api_version`), and a DataVolume `dv-<claim>` for each
+/// exported claim, so the `all` manifest recreates the claims the template's DataVolume
+/// templates and volumes name. Like the template, the DataVolumes carry no namespace.
+pub fn build_template_configmap(
+    m: &ManifestInput<'_>,
+    api_version: &str,
+) -> k8s_openapi::api::core::v1::ConfigMap {
+    let ns = m.export.namespace().unwrap_or_default();
+    let mut data = common_data(m);
+    let tpl = crate::vmexport::sources::template::manifest_template(m.vm, api_version, &ns);
+    data.insert(VM_TEMPLATE_MANIFEST_KEY.to_string(), tpl.to_string());
+    for (claim, spec) in m.claims {
+        let dv = serde_json::json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1",
+            "kind": "DataVolume",
+            "metadata": {"name": claim},
+            "spec": {"storage": dv_storage(spec)},
+        });
+        data.insert(format!("dv-{claim}"), dv.to_string());
+    }
+    configmap(m.export, data)
 }
 
 #[cfg(test)]
@@ -277,6 +319,75 @@ mod tests {
                 volume_prefix: None
             })
             .is_err()
+        );
+    }
+
+    #[test]
+    fn template_configmap_carries_the_cleaned_template_and_datavolumes_for_its_claims() {
+        let e = export("e1");
+        let tpl = serde_json::json!({
+            "apiVersion": "template.kubevirt.io/v1beta1", "kind": "VirtualMachineTemplate",
+            "metadata": {"name": "t1", "namespace": "ns1", "uid": "u", "managedFields": [{}], "labels": {"a": "b"}},
+            "spec": {
+                "parameters": [{"name": "SRC", "value": "golden"}],
+                "virtualMachine": {"spec": {
+                    "dataVolumeTemplates": [{"metadata": {"name": "root"}, "spec": {"sourceRef": {"kind": "DataSource", "name": "f"}, "source": {"pvc": {"name": "${SRC}"}}}}],
+                    "template": {"spec": {"volumes": [{"name": "r", "dataVolume": {"name": "root"}}]}},
+                }},
+            },
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        });
+        let claims = BTreeMap::from([(
+            "golden".to_string(),
+            serde_json::from_value(serde_json::json!({
+                "accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
+                "resources": {"requests": {"storage": "2Gi"}},
+            }))
+            .unwrap(),
+        )]);
+        let cm = build_template_configmap(
+            &ManifestInput {
+                export: &e,
+                vm: &tpl,
+                claims: &claims,
+                internal_cert: "CA\n",
+                external_host: None,
+                external_cert: "",
+                volume_prefix: None,
+            },
+            "template.kubevirt.io/v1beta1",
+        );
+        assert_eq!(cm.metadata.name.as_deref(), Some("exporter-vm-manifest-e1"));
+        assert_eq!(cm.metadata.owner_references.unwrap()[0].name, "e1");
+        let d = cm.data.unwrap();
+        assert_eq!(d["internal_host"], "https://virt-export-e1.ns1.svc");
+        assert_eq!(d["internal_ca_cm"], "CA");
+        assert_eq!(d["export-name"], "e1");
+        assert!(!d.contains_key("external_host") && !d.contains_key("virtualmachine-manifest"));
+        let t: serde_json::Value =
+            serde_json::from_str(&d["virtualmachinetemplate-manifest"]).unwrap();
+        assert_eq!(t["kind"], "VirtualMachineTemplate");
+        assert_eq!(t["apiVersion"], "template.kubevirt.io/v1beta1");
+        assert_eq!(
+            t["metadata"],
+            serde_json::json!({"name": "t1", "labels": {"a": "b"}})
+        );
+        assert!(t.get("status").is_none());
+        assert_eq!(
+            t["spec"]["virtualMachine"]["spec"]["dataVolumeTemplates"][0]["spec"],
+            serde_json::json!({"source": {"pvc": {"name": "golden"}}})
+        );
+        let dv: serde_json::Value = serde_json::from_str(&d["dv-golden"]).unwrap();
+        assert_eq!(
+            dv,
+            serde_json::json!({
+                "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+                "metadata": {"name": "golden"},
+                "spec": {"storage": {
+                    "accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
+                    "resources": {"requests": {"storage": "2Gi"}},
+                }},
+            })
         );
     }
 

@@ -2,8 +2,9 @@
 //! ConfigMap the reconciler mounts at MANIFEST_DATA_DIR, so an updated ConfigMap takes effect
 //! without a restart. Keys: `internal_host`/`external_host` hold the URL base of the links (for
 //! example `https://virt-export-e.ns.svc`), `internal_ca_cm`/`external_ca_cm` the CA PEM,
-//! `virtualmachine-manifest` the cleaned VM (JSON or YAML), `dv-<name>` DataVolumes (JSON or YAML)
-//! for volumes that are not DataVolume templates.
+//! `virtualmachine-manifest` the cleaned VM (JSON or YAML), `virtualmachinetemplate-manifest` the
+//! cleaned VirtualMachineTemplate of a template source (JSON), `dv-<name>` DataVolumes (JSON or
+//! YAML) for volumes that are not DataVolume templates.
 
 use std::path::Path;
 
@@ -21,7 +22,9 @@ fn parse(text: &str) -> anyhow::Result<Value> {
     Ok(serde_json::from_str(text).or_else(|_| serde_saphyr::from_str(text))?)
 }
 
-/// Items in order: CA ConfigMap, VM (DataVolume templates switched to an HTTP source), DataVolumes.
+/// Items in order: CA ConfigMap, VM (DataVolume templates switched to an HTTP source) or
+/// VirtualMachineTemplate (as the reconciler wrote it: its DataVolume templates already name the
+/// exported claims), DataVolumes.
 /// `gzip_uris` maps a served volume's `<pvc>` segment to its `disk.img.gz` URI: as KubeVirt, a
 /// DataVolume's `http.url` is set only where such a URI exists (a directory volume has none, and
 /// pointing at one would import a 404).
@@ -81,6 +84,9 @@ pub fn all_manifest(
         }
         items.push(vm);
     }
+    if let Some(tpl_text) = read(dir, crate::vmexport::api::VM_TEMPLATE_MANIFEST_KEY) {
+        items.push(parse(&tpl_text)?);
+    }
     let mut dv_keys: Vec<String> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -102,4 +108,47 @@ pub fn all_manifest(
         }
     }
     Ok(items)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_export_serves_its_template_and_the_datavolumes_of_its_claims() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = |k: &str, v: &str| std::fs::write(dir.path().join(k), v).unwrap();
+        w("internal_host", "https://virt-export-e1.ns1.svc");
+        w("internal_ca_cm", "CA");
+        w("export-name", "e1");
+        let tpl = json!({"apiVersion": "template.kubevirt.io/v1beta1", "kind": "VirtualMachineTemplate",
+            "metadata": {"name": "t1"},
+            "spec": {"virtualMachine": {"spec": {"dataVolumeTemplates": [
+                {"metadata": {"name": "root"}, "spec": {"source": {"pvc": {"name": "golden"}}}}]}}}});
+        w("virtualmachinetemplate-manifest", &tpl.to_string());
+        w(
+            "dv-golden",
+            &json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+                "metadata": {"name": "golden"}, "spec": {"storage": {}}})
+            .to_string(),
+        );
+        let gz = std::collections::BTreeMap::from([(
+            "golden".to_string(),
+            "/volumes/golden/disk.img.gz".to_string(),
+        )]);
+        let items = all_manifest(dir.path(), "e1", false, &gz).unwrap();
+        let kinds: Vec<&str> = items.iter().map(|i| i["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["ConfigMap", "VirtualMachineTemplate", "DataVolume"]);
+        assert_eq!(items[1], tpl, "the template as the reconciler wrote it");
+        assert_eq!(
+            items[2]["spec"]["source"],
+            json!({"http": {
+                "url": "https://virt-export-e1.ns1.svc/volumes/golden/disk.img.gz",
+                "certConfigMap": "export-ca-cm-e1",
+                "secretExtraHeaders": ["header-secret-e1"],
+            }})
+        );
+        // the external manifest needs the external host
+        assert!(all_manifest(dir.path(), "e1", true, &gz).is_err());
+    }
 }

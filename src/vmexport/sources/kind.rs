@@ -8,6 +8,7 @@ pub enum SourceKind {
     Pvc,
     VirtualMachine,
     VirtualMachineSnapshot,
+    VirtualMachineTemplate,
     Unsupported,
 }
 
@@ -17,6 +18,7 @@ pub fn classify_source(spec: &VirtualMachineExportSpec) -> SourceKind {
         ("PersistentVolumeClaim", "") => SourceKind::Pvc,
         ("VirtualMachine", "kubevirt.io") => SourceKind::VirtualMachine,
         ("VirtualMachineSnapshot", "snapshot.kubevirt.io") => SourceKind::VirtualMachineSnapshot,
+        ("VirtualMachineTemplate", "template.kubevirt.io") => SourceKind::VirtualMachineTemplate,
         _ => SourceKind::Unsupported,
     }
 }
@@ -26,7 +28,7 @@ pub fn unsupported_source_message(spec: &VirtualMachineExportSpec) -> String {
     let group = spec.source.api_group.as_deref().unwrap_or("");
     let group = if group.is_empty() { "core" } else { group };
     format!(
-        "source kind {:?} in API group {:?} is not supported; supported sources are PersistentVolumeClaim (core group), VirtualMachine (kubevirt.io) and VirtualMachineSnapshot (snapshot.kubevirt.io)",
+        "source kind {:?} in API group {:?} is not supported; supported sources are PersistentVolumeClaim (core group), VirtualMachine (kubevirt.io), VirtualMachineSnapshot (snapshot.kubevirt.io) and VirtualMachineTemplate (template.kubevirt.io)",
         spec.source.kind, group
     )
 }
@@ -77,6 +79,11 @@ mod tests {
         spec.source.kind = "VirtualMachineSnapshot".into();
         spec.source.api_group = Some("snapshot.kubevirt.io".into());
         assert_eq!(classify_source(&spec), SourceKind::VirtualMachineSnapshot);
+        spec.source.kind = "VirtualMachineTemplate".into();
+        spec.source.api_group = Some("template.kubevirt.io".into());
+        assert_eq!(classify_source(&spec), SourceKind::VirtualMachineTemplate);
+        spec.source.api_group = Some("kubevirt.io".into());
+        assert_eq!(classify_source(&spec), SourceKind::Unsupported);
         spec.source.kind = "Pod".into();
         spec.source.api_group = None;
         assert_eq!(classify_source(&spec), SourceKind::Unsupported);
@@ -85,6 +92,7 @@ mod tests {
             msg.contains("\"Pod\"")
                 && msg.contains("core")
                 && msg.contains("VirtualMachineSnapshot")
+                && msg.contains("VirtualMachineTemplate (template.kubevirt.io)")
         );
     }
 }

@@ -1,11 +1,13 @@
-//! Source resolution (docs/vmexport.md, "Sources"): what a PVC, VirtualMachine or
-//! VirtualMachineSnapshot source provides, whether it is available, and the conditions that say why
-//! not. It reads the caches only (`Stores`), so it sends no request and is unit-tested with filled
-//! stores.
-//! Its pure parts: `kind` (which kind of source an export names) and `pvc` (what a claim says).
+//! Source resolution (docs/vmexport.md, "Sources"): what a PVC, VirtualMachine,
+//! VirtualMachineSnapshot or VirtualMachineTemplate source provides, whether it is available, and
+//! the conditions that say why not. It reads the caches only (`Stores`), so it sends no request and
+//! is unit-tested with filled stores.
+//! Its pure parts: `kind` (which kind of source an export names), `pvc` (what a claim says) and
+//! `template` (what a VirtualMachineTemplate says).
 
 pub mod kind;
 pub mod pvc;
+pub mod template;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -196,6 +198,104 @@ pub(super) fn resolve_vm(st: &Stores, export: &VirtualMachineExport) -> Source {
         pause_message: String::new(),
         create_pvcs: Vec::new(),
     }
+}
+
+/// VirtualMachineTemplate source (docs/vmexport.md, "Sources"): the claims its embedded VM
+/// names, once the template is `Ready`. Messages and reasons are upstream's; as upstream, the
+/// claims are not checked for other users (the template's claims are its golden images).
+pub(super) fn resolve_template(st: &Stores, export: &VirtualMachineExport) -> Source {
+    let ns = export.namespace().unwrap_or_default();
+    let name = export.spec.source.name.clone();
+    let Some(found) = get_dyn(st, Kind::VirtualMachineTemplate, &ns, &name) else {
+        return unavailable(
+            PHASE_PENDING,
+            REASON_SOURCE_API_NOT_INSTALLED,
+            format!(
+                "the {} API is not installed; the export proceeds once it is",
+                Kind::VirtualMachineTemplate.gvk()
+            ),
+        );
+    };
+    let Some(tpl) = found else {
+        return unavailable(
+            PHASE_SKIPPED,
+            REASON_VM_TEMPLATE_NOT_FOUND,
+            format!("VirtualMachineTemplate {ns}/{name} not found"),
+        );
+    };
+    if !template::is_ready(&tpl.data) {
+        return unavailable(
+            PHASE_SKIPPED,
+            REASON_VM_TEMPLATE_NOT_READY,
+            format!("VirtualMachineTemplate {ns}/{name} is not ready"),
+        );
+    }
+    let claims = template::template_claims(
+        &tpl.data["spec"]["virtualMachine"],
+        template::parameters(&tpl.data),
+        &ns,
+    );
+    let mut volumes = Vec::new();
+    let mut populated = true;
+    for claim in &claims {
+        match st.pvcs.get(&ObjectRef::new(claim).within(&ns)) {
+            None => populated = false,
+            Some(pvc) => {
+                let (phase, ct) = dv_info(st, &pvc);
+                if !is_populated(&pvc, phase.as_deref()) {
+                    populated = false;
+                }
+                volumes.push(ExportVolume::from_pvc(&pvc, ct.as_deref()));
+            }
+        }
+    }
+    let volumes = dedup_volumes(volumes);
+    if !populated {
+        let msg = format!("Not all volumes in VirtualMachineTemplate {ns}/{name} are populated");
+        return Source {
+            // Upstream: no claim found yet means no content, so Skipped until one appears.
+            phase_without_pod: if volumes.is_empty() {
+                PHASE_SKIPPED
+            } else {
+                PHASE_PENDING
+            },
+            volumes,
+            available: false,
+            ready: condition(COND_READY, false, REASON_VOLUMES_NOT_POPULATED, msg.clone()),
+            extra: None,
+            pause_message: msg,
+            create_pvcs: Vec::new(),
+        };
+    }
+    if volumes.is_empty() {
+        return unavailable(
+            PHASE_SKIPPED,
+            REASON_VM_NO_VOLUMES,
+            format!("VirtualMachineTemplate {ns}/{name} has no volumes"),
+        );
+    }
+    Source {
+        volumes,
+        available: true,
+        ready: condition(COND_READY, false, REASON_INITIALIZING, ""),
+        phase_without_pod: PHASE_PENDING,
+        extra: None,
+        pause_message: String::new(),
+        create_pvcs: Vec::new(),
+    }
+}
+
+/// A template source's VirtualMachineTemplate and the `apiVersion` it was read with.
+pub(super) fn source_template(
+    st: &Stores,
+    export: &VirtualMachineExport,
+) -> Option<(serde_json::Value, String)> {
+    let ns = export.namespace().unwrap_or_default();
+    let (store, ar) = st
+        .optional
+        .store_with_resource(Kind::VirtualMachineTemplate)?;
+    let tpl = store.get(&ObjectRef::new_with(&export.spec.source.name, ar.clone()).within(&ns))?;
+    Some((serde_json::to_value(&*tpl).ok()?, ar.api_version))
 }
 
 /// The VM whose manifest the `all` endpoint serves: the source VM, or the snapshot's copy.
