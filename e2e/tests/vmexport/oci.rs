@@ -144,6 +144,32 @@ fn run(cmd: &str, args: &[&str]) -> Vec<u8> {
     out.stdout
 }
 
+/// Saves the archive as `<name>.oci.tar` (as `--output` does), lists it with bsdtar, extracts it
+/// with GNU tar and checks the layout's first entries and that every blob is named by its
+/// SHA-256 (`sha256sum`). Returns the extracted directory and the entry names.
+fn unpack(b: &Bridge, archive: &[u8], name: &str) -> (std::path::PathBuf, Vec<String>) {
+    let file = b.root().join(format!("{name}.oci.tar"));
+    std::fs::write(&file, archive).unwrap();
+    let listed = String::from_utf8(run("bsdtar", &["-tf", file.to_str().unwrap()])).unwrap();
+    let out = b.root().join(format!("{name}-layout"));
+    std::fs::create_dir_all(&out).unwrap();
+    run(
+        "tar",
+        &["-xf", file.to_str().unwrap(), "-C", out.to_str().unwrap()],
+    );
+    let names: Vec<String> = listed.lines().map(str::to_string).collect();
+    assert_eq!(names[..2], ["oci-layout", "index.json"], "{listed}");
+    for n in &names[2..] {
+        let sum = String::from_utf8(run("sha256sum", &[out.join(n).to_str().unwrap()])).unwrap();
+        assert_eq!(
+            &format!("blobs/sha256/{}", sum.split_whitespace().next().unwrap()),
+            n,
+            "a blob is named by its digest"
+        );
+    }
+    (out, names)
+}
+
 /// With `--export-oci`: `OCIReady=False/DigestsPending` until the Pod is ready, then
 /// `True/DigestsComputed` and the `oci` link after `all` and `auth-header-secret`; the rendered
 /// Pod run as `ucm export-server` answers the request virtctl makes for `--format=oci` (GET with
@@ -235,30 +261,12 @@ async fn o1_oci_format_with_the_flag() {
         headers.contains("content-disposition: attachment; filename=\"export.oci.tar\""),
         "{headers}"
     );
-    let file = b.root().join("my-vm.oci.tar");
-    std::fs::write(&file, &archive).unwrap();
-    let listed = String::from_utf8(run("bsdtar", &["-tf", file.to_str().unwrap()])).unwrap();
-    let out = b.root().join("layout");
-    std::fs::create_dir_all(&out).unwrap();
-    run(
-        "tar",
-        &["-xf", file.to_str().unwrap(), "-C", out.to_str().unwrap()],
-    );
-    let names: Vec<&str> = listed.lines().collect();
-    assert_eq!(names[..2], ["oci-layout", "index.json"], "{listed}");
+    let (out, names) = unpack(&b, &archive, "my-vm");
     assert_eq!(
         names.len(),
         5,
-        "layout, index, manifest, config, one layer: {listed}"
+        "layout, index, manifest, config, one layer: {names:?}"
     );
-    for n in &names[2..] {
-        let sum = String::from_utf8(run("sha256sum", &[out.join(n).to_str().unwrap()])).unwrap();
-        assert_eq!(
-            format!("blobs/sha256/{}", sum.split_whitespace().next().unwrap()),
-            *n,
-            "a blob is named by its digest"
-        );
-    }
     let read_json = |p: &str| -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(out.join(p)).unwrap()).unwrap()
     };
@@ -372,4 +380,110 @@ async fn o2_no_oci_format_without_the_flag() {
         fetch(&b, &format!("{h}/export.oci.tar"), &["-H", &tok]).0,
         404
     );
+}
+
+/// A template export with `--export-oci`: the same archive with the template artifact type, the
+/// template (parameters and all) as the config blob, and its claim's disk as the layer.
+#[tokio::test]
+#[ignore = "e2e: needs the local control plane (make e2e)"]
+async fn o3_template_oci_format() {
+    let env = TestEnv::new("vmx-o3").await;
+    let (c, ns) = (env.client.clone(), env.ns.clone());
+    super::templates::install_template_crd(&c).await;
+    let m = Manager::start(
+        ManagerOpts::new(&env.kubeconfig, &env.ns)
+            .only("vmexport")
+            .args(["--export-oci"]),
+    );
+    m.wait_ready().await;
+    create_pvc(&c, &ns, "golden.v1", Some("kubevirt"), false).await;
+    super::templates::create_template(&c, &ns, "tpl", "golden.v1").await;
+    let name = "tpl-oci";
+    let token = format!("token-of-{name}-0123456789abcdef");
+    let tok: Secret = serde_json::from_value(json!({
+        "metadata": {"name": format!("secret-{name}")}, "stringData": {"token": token},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(c.clone(), &ns)
+        .create(&PostParams::default(), &tok)
+        .await
+        .unwrap();
+    let e: VirtualMachineExport = serde_json::from_value(json!({
+        "apiVersion": "export.kubevirt.io/v1", "kind": "VirtualMachineExport",
+        "metadata": {"name": name},
+        "spec": {"source": super::templates::template_source("tpl"),
+                 "tokenSecretRef": format!("secret-{name}")},
+    }))
+    .unwrap();
+    Api::<VirtualMachineExport>::namespaced(c.clone(), &ns)
+        .create(&PostParams::default(), &e)
+        .await
+        .unwrap();
+    let e = wait_phase(&c, &ns, name, "Pending", "PodPending").await;
+    assert_eq!(
+        oci_ready(&e),
+        Some(("False".into(), "DigestsPending".into()))
+    );
+    let pod_name = format!("virt-export-{name}");
+    mark_pod(&c, &ns, &pod_name, "Running", true).await;
+    let e = wait_phase(&c, &ns, name, "Ready", "PodReady").await;
+    assert_eq!(
+        oci_ready(&e),
+        Some(("True".into(), "DigestsComputed".into()))
+    );
+    let url = format!("https://virt-export-{name}.{ns}.svc/export.oci.tar");
+    assert!(manifests(&e).contains(&("oci".to_string(), url.clone())));
+
+    let pod = Api::<Pod>::namespaced(c.clone(), &ns)
+        .get(&pod_name)
+        .await
+        .unwrap();
+    let b = Bridge::start(&env, &pod).await;
+    let tok = format!("x-kubevirt-export-token: {token}");
+    let t0 = Instant::now();
+    let archive = loop {
+        let (code, _, body) = fetch(&b, &url, &["-H", &tok]);
+        if code == 200 {
+            break body;
+        }
+        assert_eq!(code, 503, "{}", String::from_utf8_lossy(&body));
+        assert!(t0.elapsed() < WAIT, "digests not computed");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (out, names) = unpack(&b, &archive, "tpl");
+    assert_eq!(names.len(), 5, "{names:?}");
+    let read_json = |d: &serde_json::Value| -> serde_json::Value {
+        let p = format!(
+            "blobs/sha256/{}",
+            d.as_str().unwrap().trim_start_matches("sha256:")
+        );
+        serde_json::from_slice(&std::fs::read(out.join(p)).unwrap()).unwrap()
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("index.json")).unwrap()).unwrap();
+    let tpl_type = "application/vnd.kubevirt.virtualmachinetemplate.v1";
+    assert_eq!(index["artifactType"], tpl_type);
+    assert_eq!(index["manifests"][0]["platform"]["architecture"], "amd64");
+    let manifest = read_json(&index["manifests"][0]["digest"]);
+    assert_eq!(manifest["artifactType"], tpl_type);
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.kubevirt.virtualmachinetemplate.config.v1+json"
+    );
+    let tpl = read_json(&manifest["config"]["digest"]);
+    assert_eq!(tpl["kind"], "VirtualMachineTemplate");
+    assert_eq!(tpl["apiVersion"], "template.kubevirt.io/v1beta1");
+    assert_eq!(tpl["metadata"]["name"], "tpl");
+    assert!(tpl.get("status").is_none());
+    let layer = &manifest["layers"][0];
+    assert_eq!(layer["annotations"]["io.kubevirt.disk.name"], "golden-v1");
+    let p = format!(
+        "blobs/sha256/{}",
+        layer["digest"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("sha256:")
+    );
+    let disk = run("zstd", &["-dc", out.join(p).to_str().unwrap()]);
+    assert!(disk == bridge_image("golden.v1"), "the layer is the disk");
 }
