@@ -20,6 +20,9 @@ pub const PHASE_SKIPPED: &str = "Skipped";
 pub const COND_READY: &str = "Ready";
 pub const COND_PVC_READY: &str = "PVCReady";
 pub const COND_VOLUMES_CREATED: &str = "VolumesCreated";
+/// KubeVirt 1.9's `OCIExport` gate: the `oci` format's digests are computed (the export server
+/// is ready only then). Written only with `--export-oci`.
+pub const COND_OCI_READY: &str = "OCIReady";
 
 pub const REASON_INITIALIZING: &str = "Initializing";
 pub const REASON_PVC_NOT_FOUND: &str = "PVCNotFound";
@@ -40,6 +43,8 @@ pub const REASON_ALL_PVCS_READY: &str = "AllPVCsReady";
 pub const REASON_NOT_ALL_PVCS_READY: &str = "NotAllPVCsReady";
 pub const REASON_VM_TEMPLATE_NOT_FOUND: &str = "VMTemplateNotFound";
 pub const REASON_VM_TEMPLATE_NOT_READY: &str = "VMTemplateNotReady";
+pub const REASON_DIGESTS_COMPUTED: &str = "DigestsComputed";
+pub const REASON_DIGESTS_PENDING: &str = "DigestsPending";
 // OURS ("Failures")
 pub const REASON_UNSUPPORTED_SOURCE: &str = "UnsupportedSource";
 pub const REASON_SOURCE_API_NOT_INSTALLED: &str = "SourceAPINotInstalled";
@@ -70,6 +75,8 @@ pub const ALL_REASONS: &[&str] = &[
     REASON_NOT_ALL_PVCS_READY,
     REASON_VM_TEMPLATE_NOT_FOUND,
     REASON_VM_TEMPLATE_NOT_READY,
+    REASON_DIGESTS_COMPUTED,
+    REASON_DIGESTS_PENDING,
     REASON_UNSUPPORTED_SOURCE,
     REASON_SOURCE_API_NOT_INSTALLED,
     REASON_INVALID_TOKEN_SECRET_REF,
@@ -100,6 +107,8 @@ pub const BLOCK_MOUNT_PATH: &str = "/dev/export-volumes";
 pub const FS_MOUNT_PATH: &str = "/export-volumes";
 pub const MANIFESTS_ALL_PATH: &str = "/manifests/all";
 pub const MANIFESTS_SECRET_PATH: &str = "/manifests/secret";
+/// The `oci` format's archive (`EXPORT_OCI_URI`); its links carry no /internal or /external.
+pub const OCI_PATH: &str = "/export.oci.tar";
 /// The manifest ConfigMap's key for a template source's VirtualMachineTemplate (upstream's key).
 pub const VM_TEMPLATE_MANIFEST_KEY: &str = "virtualmachinetemplate-manifest";
 /// qemu UID/GID that owns CDI disk images (#9742).

@@ -143,6 +143,7 @@ pub(super) async fn apply(
                             // server ("Certificates", rule 4).
                             deadline: expiry,
                             vm_manifest,
+                            oci: plan.oci,
                         };
                         match create_pod(ctx, export, &build_pod(&input, &ctx.cfg.pod)).await {
                             Ok(true) => {}

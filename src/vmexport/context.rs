@@ -85,6 +85,8 @@ pub struct Config {
     pub manager_namespace: String,
     pub external_host: Option<String>,
     pub external_ca: String,
+    /// `--export-oci`: the `oci` format and the `OCIReady` condition (KubeVirt's `OCIExport`).
+    pub oci: bool,
 }
 
 /// The caches a pass reads: nothing here sends a request.

@@ -99,6 +99,9 @@ pub struct Plan {
     pub token: Option<TokenStep>,
     /// Ensure the manifest ConfigMap (VM and snapshot sources).
     pub manifest: bool,
+    /// `--export-oci` and a source with an `oci` format (VM, snapshot, template): the Pod serves
+    /// it and the status carries `OCIReady`.
+    pub oci: bool,
     pub cert: CertStep,
     pub pod: PodStep,
     /// What already fails (a conflict); applying may add a failed create.
@@ -134,10 +137,46 @@ impl Plan {
                 remove_kubevirt(&mut conds, COND_PVC_READY);
             }
         }
+        if self.oci {
+            set_kubevirt_condition(&mut conds, self.oci_condition(failure.is_none()), &self.now);
+        } else {
+            remove_kubevirt(&mut conds, COND_OCI_READY);
+        }
         status.conditions = Some(conds);
         status.phase = Some(phase.to_string());
         status.links = None;
         status
+    }
+}
+
+impl Plan {
+    /// `OCIReady`, as upstream: `True/DigestsComputed` once the export server is ready (it
+    /// reports ready only after the digests), else `False/DigestsPending`. OURS: a ready Pod
+    /// started without the format (its manifest could not be built, or the flag came later)
+    /// says so instead of claiming digests it will never compute.
+    fn oci_condition(&self, no_failure: bool) -> Condition {
+        let Some(pod) = self.links_pod.as_ref().filter(|_| no_failure) else {
+            return condition(COND_OCI_READY, false, REASON_DIGESTS_PENDING, "");
+        };
+        let serves = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.env.as_ref())
+            .is_some_and(|e| e.iter().any(|v| v.name == "EXPORT_OCI_URI"));
+        if serves {
+            condition(COND_OCI_READY, true, REASON_DIGESTS_COMPUTED, "")
+        } else {
+            condition(
+                COND_OCI_READY,
+                false,
+                REASON_DIGESTS_PENDING,
+                format!(
+                    "export server pod {} was started without the oci format; delete it to have it recreated with it",
+                    self.pod_name
+                ),
+            )
+        }
     }
 }
 
@@ -258,6 +297,13 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
         restore_pvcs: Vec::new(),
         token: None,
         manifest: false,
+        oci: cfg.oci
+            && matches!(
+                o.kind,
+                SourceKind::VirtualMachine
+                    | SourceKind::VirtualMachineSnapshot
+                    | SourceKind::VirtualMachineTemplate
+            ),
         cert: CertStep::None,
         pod: PodStep::Absent,
         failure: None,

@@ -31,6 +31,7 @@ fn cfg() -> Config {
         manager_namespace: "ucm".into(),
         external_host: None,
         external_ca: String::new(),
+        oci: false,
     }
 }
 
@@ -984,4 +985,88 @@ fn a_new_export_changes_status_once_per_state_and_emits_no_event() {
     for p in [&first, &later, &ready] {
         assert!(p.events.is_empty(), "{:?}", reasons(p));
     }
+}
+
+/// `--export-oci`: VM, snapshot and template exports carry `OCIReady`, `True/DigestsComputed`
+/// only once a ready Pod serves the format; without the flag (or for a PVC) there is none, and a
+/// stale or forged one is removed.
+#[test]
+fn oci_ready_follows_the_export_server_with_the_flag() {
+    use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
+    let oci_cfg = Config { oci: true, ..cfg() };
+    let vm = |p: Option<Pod>| {
+        let mut o = observed(available());
+        o.export = export_of("VirtualMachine", "vm1");
+        o.export.spec.source.api_group = Some("kubevirt.io".into());
+        o.kind = classify_source(&o.export.spec);
+        o.pod = p;
+        o
+    };
+    let oci = |p: &Plan| {
+        p.status
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == COND_OCI_READY)
+            .map(|c| {
+                (
+                    c.status.clone(),
+                    c.reason.clone().unwrap_or_default(),
+                    c.message.clone().unwrap_or_default(),
+                )
+            })
+    };
+    let serving = |env: bool| {
+        let mut p = pod("Running", true);
+        p.spec = Some(PodSpec {
+            containers: vec![Container {
+                name: "exporter".into(),
+                env: Some(if env {
+                    vec![EnvVar {
+                        name: "EXPORT_OCI_URI".into(),
+                        value: Some(OCI_PATH.into()),
+                        value_from: None,
+                    }]
+                } else {
+                    Vec::new()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        p
+    };
+
+    let p = plan(&vm(None), &oci_cfg, now());
+    assert!(p.oci && p.pod == PodStep::Create);
+    assert_eq!(
+        oci(&p),
+        Some(("False".into(), REASON_DIGESTS_PENDING.into(), String::new()))
+    );
+    let p = plan(&vm(Some(pod("Running", false))), &oci_cfg, now());
+    assert_eq!(oci(&p).unwrap().1, REASON_DIGESTS_PENDING);
+    let p = plan(&vm(Some(serving(true))), &oci_cfg, now());
+    assert_eq!(
+        oci(&p),
+        Some(("True".into(), REASON_DIGESTS_COMPUTED.into(), String::new()))
+    );
+    let p = plan(&vm(Some(serving(false))), &oci_cfg, now());
+    let (status, reason, msg) = oci(&p).unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", REASON_DIGESTS_PENDING)
+    );
+    assert!(msg.contains("without the oci format"), "{msg}");
+
+    // without the flag: none, and a condition another writer left is removed
+    let mut o = vm(Some(serving(true)));
+    o.export.status = Some(p.status.clone());
+    let p = plan(&o, &cfg(), now());
+    assert!(!p.oci);
+    assert_eq!(oci(&p), None);
+    // a PVC export has no oci format
+    let p = plan(&observed(available()), &oci_cfg, now());
+    assert!(!p.oci);
+    assert_eq!(oci(&p), None);
 }

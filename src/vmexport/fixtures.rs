@@ -74,5 +74,6 @@ pub(super) fn input<'a>(
         cert_secret: "export-cert-e1",
         deadline: "2026-01-01T02:00:00Z".parse().unwrap(),
         vm_manifest: vm,
+        oci: false,
     }
 }

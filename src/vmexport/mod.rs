@@ -102,6 +102,12 @@ pub struct Settings {
     #[arg(long = "export-ttl-transfer-wait", default_value = "24h", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub ttl_transfer_wait: Duration,
 
+    /// Serve the `oci` format (KubeVirt 1.9's `OCIExport` gate, off there too): VM, snapshot and
+    /// template exports get an `oci` manifest link to `/export.oci.tar` and the `OCIReady`
+    /// condition; the export server computes the layers' digests before it reports ready.
+    #[arg(long = "export-oci", value_parser = crate::runtime::cli::parse_go_bool, default_missing_value = "true", num_args = 0..=1, require_equals = true, action = clap::ArgAction::Set, default_value = "false", value_name = "BOOL")]
+    pub oci: bool,
+
     /// CPU request of the export container.
     #[arg(
         long = "export-server-cpu-request",
@@ -275,6 +281,7 @@ fn start(
             manager_namespace: rt.config.manager_namespace.clone(),
             external_host: s.external_host.clone(),
             external_ca,
+            oci: s.oci,
         };
         run::run(rt, cfg).await;
         Ok(())

@@ -3,7 +3,8 @@
 //! run as a real `ucm export-server` and every internal link is downloaded through it.
 //!
 //! By subject: `pvc` (PVC sources, the bridge test), `sources` (VirtualMachine and snapshot
-//! sources), `templates` (the VirtualMachineTemplate source), `lifecycle` (the export pod, TTL, validation), `links` (external links, the export
+//! sources), `templates` (the VirtualMachineTemplate source), `oci` (the `oci` format, issue 34),
+//! `lifecycle` (the export pod, TTL, validation), `links` (external links, the export
 //! proxy, the CA), `manifests` (the `all` manifest); `bridge` holds the bridge, and `server`
 //! tests `ucm export-server` on its own. The helpers every subject uses are here.
 
@@ -22,6 +23,7 @@ mod bridge;
 mod lifecycle;
 mod links;
 mod manifests;
+mod oci;
 mod pvc;
 mod server;
 mod sources;

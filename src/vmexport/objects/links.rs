@@ -110,6 +110,13 @@ pub fn links_from_pod(pod: &Pod, s: &LinkSettings) -> VirtualMachineExportLinks 
                 url: format!("{base}/{manifest_prefix}{uri}"),
             });
         }
+        // Upstream's `oci` manifest type: the archive, without /internal or /external.
+        if let Some(uri) = envs.get("EXPORT_OCI_URI") {
+            manifests.push(VirtualMachineExportManifest {
+                type_: "oci".into(),
+                url: format!("{base}{uri}"),
+            });
+        }
         VirtualMachineExportLink {
             cert: cert.to_string(),
             volumes: Some(volumes),
@@ -407,5 +414,48 @@ mod tests {
             )),
             "CA"
         );
+    }
+
+    #[test]
+    fn oci_link_is_a_manifest_without_prefix() {
+        let vols = vec![ExportVolume {
+            pvc: "rootdisk".into(),
+            block: false,
+            kubevirt_content: true,
+        }];
+        let e = export("e1");
+        let mut inp = input(&e, &vols, true);
+        inp.oci = true;
+        let mut pod = ready_pod(&vols, true);
+        pod.spec = build_pod(&inp, &PodSettings::default()).spec;
+        let mut s = link_settings();
+        s.external_host = Some("proxy.example.com".into());
+        let links = links_from_pod(&pod, &s);
+        let types = |l: &VirtualMachineExportLink| -> Vec<(String, String)> {
+            l.manifests
+                .clone()
+                .unwrap()
+                .into_iter()
+                .map(|m| (m.type_, m.url))
+                .collect()
+        };
+        let int = types(links.internal.as_ref().unwrap());
+        assert_eq!(
+            int[2],
+            (
+                "oci".to_string(),
+                "https://virt-export-e1.ns1.svc/export.oci.tar".to_string()
+            ),
+            "after all and auth-header-secret, as upstream"
+        );
+        assert_eq!(
+            types(links.external.as_ref().unwrap())[2].1,
+            "https://proxy.example.com/api/export.kubevirt.io/v1/namespaces/ns1/virtualmachineexports/e1/export.oci.tar"
+        );
+        // only with the manifest data the archive is built from
+        inp.vm_manifest = false;
+        pod.spec = build_pod(&inp, &PodSettings::default()).spec;
+        let int = types(links_from_pod(&pod, &s).internal.as_ref().unwrap());
+        assert!(int.iter().all(|(t, _)| t != "oci"), "{int:?}");
     }
 }

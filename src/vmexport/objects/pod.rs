@@ -147,6 +147,9 @@ pub struct PodInput<'a> {
     pub deadline: jiff::Timestamp,
     /// VM and snapshot sources with a manifest ConfigMap.
     pub vm_manifest: bool,
+    /// `--export-oci` with a VM, snapshot or template source: `EXPORT_OCI_URI` (the server
+    /// builds the archive from the manifest ConfigMap, so only with `vm_manifest`).
+    pub oci: bool,
 }
 
 pub fn build_pod(input: &PodInput<'_>, s: &PodSettings) -> Pod {
@@ -214,6 +217,9 @@ pub fn build_pod(input: &PodInput<'_>, s: &PodSettings) -> Pod {
         env_vars.push(env("EXPORT_VM_DEF_URI", MANIFESTS_ALL_PATH));
     }
     env_vars.push(env("EXPORT_SECRET_DEF_URI", MANIFESTS_SECRET_PATH));
+    if input.oci && input.vm_manifest {
+        env_vars.push(env("EXPORT_OCI_URI", OCI_PATH));
+    }
     env_vars.push(env("EXPORT_NAME", name.clone()));
     env_vars.push(env("METRICS_ADDR", format!(":{METRICS_PORT}")));
     env_vars.push(env(

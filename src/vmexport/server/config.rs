@@ -36,6 +36,9 @@ pub struct Config {
     pub volumes: Vec<VolumeConfig>,
     pub vm_def_uri: Option<String>,
     pub secret_def_uri: Option<String>,
+    /// `EXPORT_OCI_URI` (`/export.oci.tar`): the `oci` format is served (docs/vmexport.md, "OCI
+    /// format"); the manager sets it only with `--export-oci`.
+    pub oci_uri: Option<String>,
     pub export_name: Option<String>,
     pub manifest_data_dir: PathBuf,
     pub metrics_addr: Option<SocketAddr>,
@@ -149,6 +152,7 @@ pub fn from_env(vars: impl IntoIterator<Item = (String, String)>) -> Result<Conf
         volumes,
         vm_def_uri: get("EXPORT_VM_DEF_URI"),
         secret_def_uri: get("EXPORT_SECRET_DEF_URI"),
+        oci_uri: get("EXPORT_OCI_URI"),
         export_name: get("EXPORT_NAME"),
         manifest_data_dir: get("MANIFEST_DATA_DIR")
             .unwrap_or_else(|| "/manifest_data".into())

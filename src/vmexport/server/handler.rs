@@ -16,6 +16,7 @@ use prometheus::IntCounterVec;
 use super::auth::{self, AuthResult};
 use super::config::{Config, VolumeConfig};
 use super::dir::{self, Resolved};
+use super::oci::{self, Oci};
 use super::pgzip::{ParallelGzWriter, default_workers};
 use super::range::{RangeReq, parse_range};
 use super::ready::{Readiness, image_file, is_refused};
@@ -31,6 +32,8 @@ const RAW_CHUNK: usize = 1024 * 1024;
 pub struct State {
     pub cfg: Config,
     pub ready: Readiness,
+    /// The `oci` format's artifact, when `EXPORT_OCI_URI` is set.
+    pub oci: Option<Arc<Oci>>,
     pub bytes_served: IntCounterVec,
 }
 
@@ -44,6 +47,7 @@ enum Route {
     Dir,
     ManifestAll,
     ManifestSecret,
+    Oci,
 }
 
 fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
@@ -118,6 +122,10 @@ fn route(cfg: &Config, path: &str) -> Option<(Route, Option<usize>, String)> {
             }
         }
     }
+    // The OCI archive's URI has no /internal or /external prefix (upstream's links).
+    if cfg.oci_uri.as_deref() == Some(path) {
+        return Some((Route::Oci, None, String::new()));
+    }
     for prefix in ["/internal", "/external"] {
         if let Some(rest) = path.strip_prefix(prefix) {
             if cfg.vm_def_uri.as_deref() == Some(rest) {
@@ -144,12 +152,21 @@ pub async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> R
 async fn handle_inner(state: &Arc<State>, req: Request<hyper::body::Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     if path == READINESS_PATH {
-        let failures = {
+        let mut failures = {
             let st = Arc::clone(state);
             tokio::task::spawn_blocking(move || st.ready.failures())
                 .await
                 .unwrap_or_else(|_| vec!["readiness check failed".into()])
         };
+        if let Some(o) = &state.oci {
+            match &*o.status() {
+                oci::Status::Ready(_) => {}
+                oci::Status::Pending => failures.push("computing the OCI digests".into()),
+                oci::Status::Failed(e) => {
+                    failures.push(format!("the OCI digests cannot be computed: {e}"));
+                }
+            }
+        }
         return if failures.is_empty() {
             full(StatusCode::OK, "OK")
         } else {
@@ -285,6 +302,45 @@ async fn handle_inner(state: &Arc<State>, req: Request<hyper::body::Incoming>) -
                     }
                 }
             }
+        }
+        Route::Oci => {
+            if method != Method::GET {
+                // No body for HEAD: an HTTP/2 client takes one as a protocol error.
+                let mut r = if head {
+                    empty(StatusCode::METHOD_NOT_ALLOWED)
+                } else {
+                    full(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
+                };
+                r.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("GET"));
+                return r;
+            }
+            let ready = state.oci.as_ref().and_then(|o| match &*o.status() {
+                oci::Status::Ready(a) => Some(Arc::clone(a)),
+                _ => None,
+            });
+            let Some(artifact) = ready else {
+                return full(StatusCode::SERVICE_UNAVAILABLE, "OCI export not ready\n");
+            };
+            let size = artifact.size();
+            let body = stream_body("oci", st.bytes_served.clone(), path, move |sink| {
+                use std::io::Write;
+                let mut w = oci::ChunkWriter::new(sink);
+                artifact.write_tar(&mut w)?;
+                w.flush()
+            });
+            let mut r = Response::new(body);
+            let h = r.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/x-tar"),
+            );
+            h.insert(
+                header::CONTENT_DISPOSITION,
+                HeaderValue::from_static("attachment; filename=\"export.oci.tar\""),
+            );
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+            r
         }
         Route::ManifestSecret | Route::ManifestAll => {
             if method != Method::GET {

@@ -8,6 +8,7 @@ pub mod conn;
 pub mod dir;
 pub mod handler;
 pub mod manifest;
+pub mod oci;
 pub mod pgzip;
 pub mod range;
 pub mod ready;
@@ -153,7 +154,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         &["format"],
     )?;
     registry.register(Box::new(bytes_served.clone()))?;
-    for f in ["raw", "gzip", "dir", "tar.gz"] {
+    for f in ["raw", "gzip", "dir", "tar.gz", "oci"] {
         bytes_served.with_label_values(&[f]);
     }
 
@@ -174,9 +175,16 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         idle: cfg.idle_timeout,
         drain: cfg.drain,
     };
+    // Pass 1 of the `oci` format reads every disk; the server listens meanwhile and reports
+    // it on /exportready.
+    let oci = cfg
+        .oci_uri
+        .as_ref()
+        .map(|_| oci::Oci::start(cfg.volumes.clone(), cfg.manifest_data_dir.clone()));
     let state = Arc::new(State {
         cfg,
         ready,
+        oci,
         bytes_served,
     });
     let handler = move |req, _peer| handler::handle(Arc::clone(&state), req);
