@@ -533,14 +533,24 @@ async fn e20_v1_and_v1beta1_clients_internal_and_proxy_links() {
 
         // virtctl vmexport delete, through the same version; the Pod goes with it (and frees
         // the claims for the next flow)
+        let pods = Api::<Pod>::namespaced(c.clone(), &ns);
+        let owner = api.get(&name).await.unwrap().metadata.uid;
+        let pod = pods.get(&pod_name).await.unwrap();
+        assert!(
+            pod.owner_references()
+                .iter()
+                .any(|o| o.controller == Some(true) && Some(&o.uid) == owner.as_ref()),
+            "the export owns its Pod"
+        );
         api.delete(&name, &Default::default()).await.unwrap();
-        eventually(WAIT, "the export and its Pod to be gone", || async {
+        eventually(WAIT, "the export to be gone", || async {
             api.get_opt(&name).await.unwrap().is_none()
-                && Api::<Pod>::namespaced(c.clone(), &ns)
-                    .get_opt(&pod_name)
-                    .await
-                    .unwrap()
-                    .is_none()
+        })
+        .await;
+        // The garbage collector's part: it notices CRDs installed after it started (this test
+        // installs one) at its next discovery resync, which can hold its queue for a while.
+        eventually(Duration::from_secs(120), "its Pod to be gone", || async {
+            pods.get_opt(&pod_name).await.unwrap().is_none()
         })
         .await;
     }
