@@ -678,6 +678,34 @@ fn s9_tls_verification_and_http2() {
         &s.url("/volumes/disk/disk.img"),
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "2");
+    // HEAD over HTTP/2 gets headers only, on an error (only GET is offered) as on a file.
+    for (path, want) in [
+        ("/volumes/disk/disk.img.gz", "400"),
+        ("/volumes/disk/disk.img", "200"),
+        ("/nope", "404"),
+    ] {
+        let out = s.curl(&[
+            "--http2",
+            "-I",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_version} %{http_code}",
+            "-H",
+            &hdr(),
+            &s.url(path),
+        ]);
+        assert!(
+            out.status.success(),
+            "HEAD {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("2 {want}"),
+            "HEAD {path}"
+        );
+    }
 }
 
 #[test]

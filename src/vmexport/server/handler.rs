@@ -143,7 +143,12 @@ pub async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> R
     let started = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let resp = handle_inner(&state, req).await;
+    let mut resp = handle_inner(&state, req).await;
+    // A HEAD response carries no body whatever the route answered (an error's text, say): an
+    // HTTP/2 client takes one as a protocol error. Headers, Content-Length included, stay.
+    if method == Method::HEAD {
+        *resp.body_mut() = Empty::new().map_err(|e| match e {}).boxed();
+    }
     // Access log: method, path without the query (it may hold the token), status.
     tracing::info!(%method, %path, status = resp.status().as_u16(), us = started.elapsed().as_micros() as u64, "request");
     resp
@@ -305,12 +310,7 @@ async fn handle_inner(state: &Arc<State>, req: Request<hyper::body::Incoming>) -
         }
         Route::Oci => {
             if method != Method::GET {
-                // No body for HEAD: an HTTP/2 client takes one as a protocol error.
-                let mut r = if head {
-                    empty(StatusCode::METHOD_NOT_ALLOWED)
-                } else {
-                    full(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
-                };
+                let mut r = full(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
                 r.headers_mut()
                     .insert(header::ALLOW, HeaderValue::from_static("GET"));
                 return r;
