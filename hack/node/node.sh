@@ -31,6 +31,7 @@ netns=/run/netns/$name
 # Kubelet's root directory stays the default: the snapshot agent's DaemonSet mounts
 # /var/lib/kubelet/pods, and kubelet's device-plugin directory there is not configurable anyway.
 kubelet_dir=/var/lib/kubelet
+mark=.ucm-node # in kubelet_dir while this node owns it
 # Where the local-path provisioner puts PersistentVolumes (a hostPath its helper Pods mount).
 volume_dir=/var/lib/ucm-node-volumes
 # Host paths the node may create: kubelet (its root, and the /var/log/containers links, which
@@ -219,7 +220,15 @@ up() {
     say "already up: export KUBECONFIG=$state/cluster/kubeconfig"
     return
   fi
-  [ ! -e "$netns" ] || die "$netns exists: run '$0 down' first"
+  # A node an interrupted run (or another checkout) left behind: its namespace, or kubelet's
+  # directory with our mark. Nothing else on the machine uses either, so take it down first.
+  if [ -e "$netns" ] || [ -e "$kubelet_dir/$mark" ]; then
+    say "a node left by an interrupted run is still here ($netns, $kubelet_dir): taking it down first"
+    down
+    if [ -e "$kubelet_dir/$mark" ]; then
+      find "$kubelet_dir" -xdev -mindepth 1 -delete
+    fi
+  fi
   if [ -n "$(ls -A "$kubelet_dir" 2>/dev/null)" ]; then
     die "$kubelet_dir is not empty: another kubelet uses this machine (or run '$0 down')"
   fi
@@ -228,6 +237,7 @@ up() {
   trap 'rc=$?; trap - EXIT; if [ $rc -ne 0 ]; then say "up failed, cleaning up"; down; exit $rc; fi' EXIT
   mkdir -p "$state/pids" "$state/logs"
   for p in "${created_paths[@]}"; do [ -e "$p" ] || echo "$p"; done >"$state/created"
+  mkdir -p "$kubelet_dir" && touch "$kubelet_dir/$mark"
   # ip netns makes /run/netns a shared bind mount of itself the first time.
   mountpoint -q /run/netns || echo /run/netns >"$state/netns-mount"
   # Saved once, before anything changes them; `down` restores and then deletes this file.
