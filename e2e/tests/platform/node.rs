@@ -312,76 +312,156 @@ async fn two_manager_replicas_elect_one_leader_both_serve_grpc_and_fail_over() {
     assert_nothing_forbidden(&pods).await;
 }
 
+/// A disk of `bytes` random bytes on a PVC of the default StorageClass, written by a Pod, and
+/// its VirtualMachineExport (`ttl`: its ttlDuration) Ready, with what a client needs to
+/// download it from this host.
+struct ExportedDisk {
+    /// md5 of the disk as the writer wrote it.
+    want: String,
+    status: ucm::vmexport::types::VirtualMachineExportStatus,
+    /// curl's arguments for TLS to the export's Service (its CA, its name resolved by hand: this
+    /// host does not use the cluster's DNS) and the token header.
+    args: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+impl ExportedDisk {
+    async fn new(client: &Client, ns: &str, bytes: u64, ttl: Option<&str>) -> ExportedDisk {
+        let busybox = String::from_utf8(
+            Command::new(repo_root().join("hack/node/node.sh"))
+                .args(["image-ref", "busybox"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        let busybox = busybox.trim();
+        let mut export = json!({"apiVersion": "export.kubevirt.io/v1", "kind": "VirtualMachineExport",
+               "metadata": {"name": "disk"},
+               "spec": {"source": {"apiGroup": "", "kind": "PersistentVolumeClaim", "name": "disk"}}});
+        if let Some(ttl) = ttl {
+            export["spec"]["ttlDuration"] = ttl.into();
+        }
+        // The export of the PVC waits until the writer is done (the claim is in use until then).
+        let objs = [
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                   "metadata": {"name": "disk", "annotations": {"cdi.kubevirt.io/storage.contentType": "kubevirt"}},
+                   "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}}}),
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "writer"},
+                   "spec": {"restartPolicy": "Never",
+                            "containers": [{"name": "write", "image": busybox, "imagePullPolicy": "Never",
+                                            "command": ["sh", "-c", format!("head -c {bytes} /dev/urandom >/disk/disk.img && sync && md5sum /disk/disk.img")],
+                                            "volumeMounts": [{"name": "disk", "mountPath": "/disk"}]}],
+                            "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": "disk"}}]}}),
+            export,
+        ];
+        for o in objs {
+            let api_version = o["apiVersion"].as_str().unwrap();
+            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+            let gvk = kube::api::GroupVersionKind::gvk(group, version, o["kind"].as_str().unwrap());
+            let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+                client.clone(),
+                ns,
+                &kube::discovery::ApiResource::from_gvk(&gvk),
+            );
+            create_json(&api, o).await;
+        }
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        eventually(
+            Duration::from_secs(120),
+            "the writer Pod to succeed",
+            || async {
+                pods.get("writer")
+                    .await
+                    .ok()
+                    .and_then(|p| p.status?.phase)
+                    .as_deref()
+                    == Some("Succeeded")
+            },
+        )
+        .await;
+        let log = kubectl(&["-n", ns, "logs", "writer"]);
+        let want = log.split_whitespace().next().unwrap().to_string();
+
+        let exports: Api<VirtualMachineExport> = Api::namespaced(client.clone(), ns);
+        eventually(
+            Duration::from_secs(120),
+            "the export to be Ready",
+            || async {
+                let e = exports.get("disk").await.unwrap();
+                e.status.and_then(|s| s.phase).as_deref() == Some("Ready")
+            },
+        )
+        .await;
+        let status = exports.get("disk").await.unwrap().status.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.crt");
+        let links = status.links.clone().unwrap().internal.unwrap();
+        std::fs::write(&ca, links.cert).unwrap();
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+        let token = secret_data(
+            &secrets,
+            status.token_secret_ref.as_deref().unwrap(),
+            "token",
+        )
+        .await;
+        let token = String::from_utf8(token).unwrap();
+        let mut d = ExportedDisk {
+            want,
+            status,
+            args: Vec::new(),
+            dir,
+        };
+        let host = d
+            .url("raw")
+            .trim_start_matches("https://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let ip = cluster_ip(client, ns, host.split('.').next().unwrap()).await;
+        d.args = vec![
+            "--cacert".to_string(),
+            ca.to_str().unwrap().to_string(),
+            "--resolve".to_string(),
+            format!("{host}:443:{ip}"),
+            "-H".to_string(),
+            format!("x-kubevirt-export-token: {token}"),
+        ];
+        d
+    }
+
+    /// The internal link of the first volume in `format`.
+    fn url(&self, format: &str) -> String {
+        let links = self
+            .status
+            .links
+            .as_ref()
+            .unwrap()
+            .internal
+            .as_ref()
+            .unwrap();
+        let volumes = links.volumes.as_deref().unwrap_or_default();
+        volumes[0]
+            .formats
+            .iter()
+            .flatten()
+            .find(|f| f.format == format)
+            .unwrap_or_else(|| panic!("no {format} link in {:?}", volumes[0].formats))
+            .url
+            .clone()
+    }
+}
+
 #[tokio::test]
 #[ignore]
 async fn an_export_server_pod_serves_a_provisioned_disk_through_its_service() {
     let client = installed().await;
     let ns = create_namespace(&client, "node-vmexport").await;
-    let busybox = String::from_utf8(
-        Command::new(repo_root().join("hack/node/node.sh"))
-            .args(["image-ref", "busybox"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let busybox = busybox.trim();
-    // A disk on a PVC of the default StorageClass, written by a Pod; the export of that PVC waits
-    // until the writer is done (the claim is in use until then).
-    let objs = [
-        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-               "metadata": {"name": "disk", "annotations": {"cdi.kubevirt.io/storage.contentType": "kubevirt"}},
-               "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}}}),
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "writer"},
-               "spec": {"restartPolicy": "Never",
-                        "containers": [{"name": "write", "image": busybox, "imagePullPolicy": "Never",
-                                        "command": ["sh", "-c", "head -c 8388608 /dev/urandom >/disk/disk.img && sync && md5sum /disk/disk.img"],
-                                        "volumeMounts": [{"name": "disk", "mountPath": "/disk"}]}],
-                        "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": "disk"}}]}}),
-        json!({"apiVersion": "export.kubevirt.io/v1", "kind": "VirtualMachineExport",
-               "metadata": {"name": "disk"},
-               "spec": {"source": {"apiGroup": "", "kind": "PersistentVolumeClaim", "name": "disk"}}}),
-    ];
-    for o in objs {
-        let api_version = o["apiVersion"].as_str().unwrap();
-        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-        let gvk = kube::api::GroupVersionKind::gvk(group, version, o["kind"].as_str().unwrap());
-        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
-            client.clone(),
-            &ns,
-            &kube::discovery::ApiResource::from_gvk(&gvk),
-        );
-        create_json(&api, o).await;
-    }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    eventually(
-        Duration::from_secs(120),
-        "the writer Pod to succeed",
-        || async {
-            pods.get("writer")
-                .await
-                .ok()
-                .and_then(|p| p.status?.phase)
-                .as_deref()
-                == Some("Succeeded")
-        },
-    )
-    .await;
-    let log = kubectl(&["-n", &ns, "logs", "writer"]);
-    let want = log.split_whitespace().next().unwrap().to_string();
-
-    let exports: Api<VirtualMachineExport> = Api::namespaced(client.clone(), &ns);
-    eventually(
-        Duration::from_secs(120),
-        "the export to be Ready",
-        || async {
-            let e = exports.get("disk").await.unwrap();
-            e.status.and_then(|s| s.phase).as_deref() == Some("Ready")
-        },
-    )
-    .await;
-    let st = exports.get("disk").await.unwrap().status.unwrap();
+    let exported = ExportedDisk::new(&client, &ns, 8 << 20, None).await;
+    let want = exported.want.clone();
     // Its server is a real Pod on the node, from the shipped image.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let server = pods
         .list(&ListParams::default())
         .await
@@ -394,50 +474,14 @@ async fn an_export_server_pod_serves_a_provisioned_disk_through_its_service() {
         server.spec.as_ref().and_then(|s| s.node_name.as_deref()),
         Some("ucm-node")
     );
-
-    let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca.crt");
-    let links = st.links.unwrap().internal.unwrap();
-    std::fs::write(&ca, links.cert).unwrap();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let token = secret_data(&secrets, st.token_secret_ref.as_deref().unwrap(), "token").await;
-    let token = String::from_utf8(token).unwrap();
-    let volumes = links.volumes.unwrap_or_default();
-    let volume = &volumes[0];
-    let url = |format: &str| {
-        volume
-            .formats
-            .iter()
-            .flatten()
-            .find(|f| f.format == format)
-            .unwrap_or_else(|| panic!("no {format} link in {:?}", volume.formats))
-            .url
-            .clone()
-    };
-    // The Service's name, as the URL has it, resolved to its ClusterIP by hand: this host does not
-    // use the cluster's DNS.
+    let url = |format: &str| exported.url(format);
     let raw = url("raw");
-    let host = raw
-        .trim_start_matches("https://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
-    let ip = cluster_ip(&client, &ns, host.split('.').next().unwrap()).await;
-    let tls = [
-        "--cacert".to_string(),
-        ca.to_str().unwrap().to_string(),
-        "--resolve".to_string(),
-        format!("{host}:443:{ip}"),
-    ];
-    let header = format!("x-kubevirt-export-token: {token}");
     let get_with = |extra: &[&str], u: &str| {
-        let mut args: Vec<&str> = tls.iter().map(String::as_str).collect();
-        args.extend(["-H", &header]);
+        let mut args: Vec<&str> = exported.args.iter().map(String::as_str).collect();
         args.extend(extra);
         args.push(u);
         let (ok, body) = curl(&args);
-        assert!(ok, "GET {u} {extra:?} through Service {ip}");
+        assert!(ok, "GET {u} {extra:?}");
         body
     };
     let get = |u: &str| get_with(&[], u);
@@ -449,7 +493,7 @@ async fn an_export_server_pod_serves_a_provisioned_disk_through_its_service() {
         "bytes 1000-1999 of the raw disk"
     );
     // Without the token: refused, nothing served (curl's write-out still prints the status).
-    let mut refused: Vec<&str> = tls.iter().map(String::as_str).collect();
+    let mut refused: Vec<&str> = exported.args[..4].iter().map(String::as_str).collect();
     refused.extend(["-o", "/dev/null", "-w", "%{http_code}", &raw]);
     assert_eq!(
         String::from_utf8_lossy(&curl(&refused).1),
@@ -466,6 +510,204 @@ async fn an_export_server_pod_serves_a_provisioned_disk_through_its_service() {
         .delete(&ns, &DeleteParams::default())
         .await
         .unwrap();
+}
+
+/// Puts config/default's manager back as it was (the revision before the test's) when dropped,
+/// also when the test fails.
+struct RolledBack;
+
+impl Drop for RolledBack {
+    fn drop(&mut self) {
+        for args in [
+            &["rollout", "undo", "deployment/ucm-controller-manager"][..],
+            &[
+                "rollout",
+                "status",
+                "deployment/ucm-controller-manager",
+                "--timeout=180s",
+            ],
+        ] {
+            let _ = Command::new(kubectl_bin())
+                .arg("--kubeconfig")
+                .arg(node_kubeconfig())
+                .args(["-n", NS])
+                .args(args)
+                .status();
+        }
+    }
+}
+
+/// Downloads nothing in ucm cuts short (docs/vmexport.md, "TTL"), on the node: with serving
+/// certificates renewed 40 s after issue and an export TTL of 60 s, a slow download through the
+/// export's Service that starts before both outlives both and completes byte-exact; meanwhile the
+/// certificate Secret is renewed in place under the same Pod, and the export says it waits for
+/// the transfer, then goes once the server exited. The proxy's Ingress gets the download
+/// time-outs, a value the user set is kept.
+#[tokio::test]
+#[ignore]
+async fn a_download_outlives_a_certificate_renewal_and_the_ttl_and_the_proxy_ingress_gets_timeouts()
+{
+    let client = installed().await;
+    // Renewal due 40 s after issue (notAfter 120 s − 20 s − the one-minute margin).
+    let restore = RolledBack;
+    // One patch, one revision: the guard's `rollout undo` goes back to the shipped one.
+    let ops: Vec<_> = [
+        "--export-cert-duration=120s",
+        "--export-cert-renew-before=20s",
+        "--export-ttl-transfer-wait=5m",
+    ]
+    .iter()
+    .map(|a| json!({"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": a}))
+    .collect();
+    kubectl(&[
+        "-n",
+        NS,
+        "patch",
+        "deployment/ucm-controller-manager",
+        "--type=json",
+        "-p",
+        &serde_json::to_string(&ops).unwrap(),
+    ]);
+    kubectl(&[
+        "-n",
+        NS,
+        "rollout",
+        "status",
+        "deployment/ucm-controller-manager",
+        "--timeout=180s",
+    ]);
+    eventually(Duration::from_secs(120), "a leader", || async {
+        serving_leader(&client).await.is_some()
+    })
+    .await;
+
+    // The Ingress routing to the proxy, applied by its user with their own route time-out.
+    let ings: Api<k8s_openapi::api::networking::v1::Ingress> = Api::namespaced(client.clone(), NS);
+    let ingress = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "vmexport", "annotations": {"haproxy.router.openshift.io/timeout": "5m"}},
+        "spec": {"rules": [{"host": "vmexport.example.test", "http": {"paths": [{
+            "path": "/api/export.kubevirt.io", "pathType": "Prefix",
+            "backend": {"service": {"name": "ucm-export-proxy", "port": {"number": 443}}}}]}}]},
+    });
+    // (One a failed run left behind would carry ucm's annotations already.)
+    let _ = ings.delete("vmexport", &DeleteParams::default()).await;
+    ings.patch(
+        "vmexport",
+        &kube::api::PatchParams::apply("user-kubectl"),
+        &kube::api::Patch::Apply(ingress),
+    )
+    .await
+    .unwrap();
+
+    let ns = create_namespace(&client, "node-vmexport-ttl").await;
+    let exported = ExportedDisk::new(&client, &ns, 8 << 20, Some("60s")).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let server_uid = |p: Option<Pod>| p.and_then(|p| p.metadata.uid);
+    let uid0 = server_uid(pods.get_opt("virt-export-disk").await.unwrap()).expect("the export Pod");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let cert0 = secret_data(&secrets, "export-cert-disk", "tls.crt").await;
+
+    // About 85 s at 96 KiB/s: past the renewal and the TTL.
+    let file = exported.dir.path().join("disk.img");
+    let mut args = exported.args.clone();
+    args.extend([
+        "--limit-rate".to_string(),
+        "96k".to_string(),
+        "--max-time".to_string(),
+        "300".to_string(),
+        "-o".to_string(),
+        file.to_str().unwrap().to_string(),
+        exported.url("raw"),
+    ]);
+    let t0 = Instant::now();
+    let download = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        curl(&args).0
+    });
+    let exports: Api<VirtualMachineExport> = Api::namespaced(client.clone(), &ns);
+    let (mut renewed, mut waiting) = (None, None);
+    while !download.is_finished() {
+        if renewed.is_none() && secret_data(&secrets, "export-cert-disk", "tls.crt").await != cert0
+        {
+            renewed = Some(t0.elapsed());
+            assert_eq!(
+                server_uid(pods.get_opt("virt-export-disk").await.unwrap()).as_ref(),
+                Some(&uid0),
+                "the certificate was renewed under the same Pod"
+            );
+        }
+        if waiting.is_none()
+            && let Some(st) = exports
+                .get_opt("disk")
+                .await
+                .unwrap()
+                .and_then(|e| e.status)
+            && st.phase.as_deref() == Some("Terminated")
+            && st
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.reason.as_deref() == Some("WaitingForTransfers"))
+        {
+            waiting = Some(t0.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        download.await.unwrap(),
+        "the download through the export's Service failed"
+    );
+    let took = t0.elapsed();
+    let renewed = renewed.expect("the certificate Secret was renewed during the download");
+    let waiting =
+        waiting.expect("the export said Terminated/WaitingForTransfers during the download");
+    eprintln!(
+        "node: an 8 MiB download took {:.0}s; certificate renewed at {:.0}s, TTL reached (WaitingForTransfers) at {:.0}s",
+        took.as_secs_f64(),
+        renewed.as_secs_f64(),
+        waiting.as_secs_f64()
+    );
+    assert_eq!(
+        md5(&std::fs::read(&file).unwrap()),
+        exported.want,
+        "the disk downloaded across the renewal and the TTL"
+    );
+    eventually(
+        Duration::from_secs(120),
+        "the export gone once its server exited",
+        || async { exports.get_opt("disk").await.unwrap().is_none() },
+    )
+    .await;
+
+    // The Ingress: ucm's time-outs where missing, the user's own kept.
+    let ann =
+        |i: &k8s_openapi::api::networking::v1::Ingress, k: &str| i.annotations().get(k).cloned();
+    eventually(
+        Duration::from_secs(60),
+        "the time-outs on the proxy's Ingress",
+        || async {
+            let i = ings.get("vmexport").await.unwrap();
+            ann(&i, "nginx.ingress.kubernetes.io/proxy-read-timeout").as_deref() == Some("86400")
+                && ann(&i, "nginx.ingress.kubernetes.io/proxy-send-timeout").as_deref()
+                    == Some("86400")
+        },
+    )
+    .await;
+    let i = ings.get("vmexport").await.unwrap();
+    assert_eq!(
+        ann(&i, "haproxy.router.openshift.io/timeout").as_deref(),
+        Some("5m"),
+        "the user's route time-out is kept"
+    );
+    ings.delete("vmexport", &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .unwrap();
+    drop(restore);
 }
 
 #[tokio::test]
