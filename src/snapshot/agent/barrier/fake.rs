@@ -12,8 +12,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
@@ -128,7 +129,14 @@ pub struct FakeBarrier {
     node: String,
     dir: PathBuf,
     kernel: Mutex<()>,
+    /// `cluster.json` as last parsed, keyed by the file's identity: a bench with thousands of
+    /// volumes would otherwise parse the whole file on every call (O(N) per round).
+    parsed: Mutex<Option<(FileKey, Arc<FakeCluster>)>>,
 }
+
+/// What tells one version of `cluster.json` from another: `write_cluster` renames a new file
+/// into place, so the inode changes with every write; size and mtime cover an in-place edit.
+type FileKey = (u64, u64, Option<SystemTime>);
 
 impl FakeBarrier {
     pub fn new(node: impl Into<String>, dir: impl Into<PathBuf>) -> Self {
@@ -136,16 +144,35 @@ impl FakeBarrier {
             node: node.into(),
             dir: dir.into(),
             kernel: Mutex::new(()),
+            parsed: Mutex::new(None),
         }
     }
 
-    fn cluster(&self) -> Result<FakeCluster> {
-        match std::fs::read(cluster_path(&self.dir)) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map_err(|e| BarrierError(format!("fake cluster.json: {e}"))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FakeCluster::default()),
-            Err(e) => Err(BarrierError(format!("fake cluster.json: {e}"))),
+    fn cluster(&self) -> Result<Arc<FakeCluster>> {
+        let path = cluster_path(&self.dir);
+        let meta = match std::fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Arc::new(FakeCluster::default()));
+            }
+            Err(e) => return Err(BarrierError(format!("fake cluster.json: {e}"))),
+        };
+        let key = (meta.ino(), meta.len(), meta.modified().ok());
+        let mut parsed = self.parsed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((k, c)) = parsed.as_ref() {
+            if *k == key {
+                return Ok(c.clone());
+            }
         }
+        let c: FakeCluster = match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map_err(|e| BarrierError(format!("fake cluster.json: {e}")))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => FakeCluster::default(),
+            Err(e) => return Err(BarrierError(format!("fake cluster.json: {e}"))),
+        };
+        let c = Arc::new(c);
+        *parsed = Some((key, c.clone()));
+        Ok(c)
     }
 
     fn faults(&self) -> Result<FakeFaults> {
@@ -468,5 +495,21 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(a.primary_peers(), ["client"]);
+    }
+
+    #[tokio::test]
+    async fn a_rewritten_cluster_file_is_read_again_by_the_same_barrier() {
+        let dir = tempfile::tempdir().unwrap();
+        write_cluster(dir.path(), &cluster()).unwrap();
+        let a = FakeBarrier::new("a", dir.path());
+        assert!(a.mountpoint("pvc-1").await.unwrap().is_some());
+        assert!(a.mountpoint("pvc-1").await.unwrap().is_some());
+        // The test moves the Primary: the parsed copy must not outlive the file it came from.
+        let mut c = cluster();
+        c.volumes.get_mut("pvc-1").unwrap().primary = Some("b".into());
+        write_cluster(dir.path(), &c).unwrap();
+        assert!(a.mountpoint("pvc-1").await.unwrap().is_none());
+        std::fs::remove_file(cluster_path(dir.path())).unwrap();
+        assert!(a.status("pvc-1").await.unwrap().is_none());
     }
 }
