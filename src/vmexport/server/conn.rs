@@ -6,10 +6,15 @@
 //!   a request is in flight from its headers until the last byte of its response body;
 //! - TCP keepalive finds peers that vanished without a word;
 //! - at shutdown the listener closes, idle connections close at once, and requests in flight get
-//!   up to `drain` to finish.
+//!   up to `drain` to finish;
+//! - a connection counts as open until the peer has acknowledged every byte written to it: the
+//!   end of a response can sit in the kernel's buffers long after its last write (hundreds of KiB
+//!   for a slow client), and a server that exited then, its Pod deleted with its network, would
+//!   leave that client waiting for bytes that never come.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -99,7 +104,6 @@ impl<B: Body + Unpin> Body for Tracked<B> {
 /// TCP keepalive after 60 s of silence, then every 10 s, 6 probes: a peer that is gone is
 /// noticed within two minutes, a slow one is not touched.
 fn keepalive(tcp: &TcpStream) {
-    use std::os::fd::AsRawFd;
     let fd = tcp.as_raw_fd();
     for (level, opt, val) in [
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
@@ -206,6 +210,8 @@ async fn serve_one<H, F, B>(
             ))
         }
     });
+    // A second handle on the socket, so it outlives hyper's and can be asked what is unacknowledged.
+    let socket = tls.get_ref().0.as_fd().try_clone_to_owned().ok();
     let builder = auto::Builder::new(TokioExecutor::new());
     let conn = builder.serve_connection(TokioIo::new(tls), svc);
     tokio::pin!(conn);
@@ -214,21 +220,93 @@ async fn serve_one<H, F, B>(
             if let Err(e) = r {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
+            None
+        }
+        _ = activity.idle_for(idle) => Some("idle"),
+        _ = stop.cancelled() => Some("shutdown"),
+    };
+    if let Some(why) = why {
+        tracing::debug!(%peer, why, "closing the connection gracefully");
+        conn.as_mut().graceful_shutdown();
+        if let Err(e) = conn.as_mut().await {
+            tracing::debug!(%peer, error = %e, "connection ended with an error");
+        }
+    }
+    if let Some(socket) = socket {
+        delivered(socket.as_raw_fd(), idle).await;
+    }
+}
+
+/// Bytes written to a TCP socket that its peer has not acknowledged yet (Linux `SIOCOUTQ`, which
+/// is `TIOCOUTQ`: unsent plus unacknowledged, tcp(7)). `None` once the socket cannot say.
+fn unacknowledged(fd: RawFd) -> Option<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: a socket fd this process holds open and a c_int out-parameter, as tcp(7) says.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    (r == 0).then(|| usize::try_from(n).unwrap_or(0))
+}
+
+/// Returns once the peer has acknowledged everything written to `fd`, or once the queue has not
+/// shrunk for `stall` (a peer that stopped reading, or vanished, does not hold the process).
+async fn delivered(fd: RawFd, stall: Duration) {
+    let mut last = usize::MAX;
+    let mut progress = tokio::time::Instant::now();
+    while let Some(n) = unacknowledged(fd).filter(|n| *n > 0) {
+        if n < last {
+            last = n;
+            progress = tokio::time::Instant::now();
+        } else if progress.elapsed() >= stall {
             return;
         }
-        _ = activity.idle_for(idle) => "idle",
-        _ = stop.cancelled() => "shutdown",
-    };
-    tracing::debug!(%peer, why, "closing the connection gracefully");
-    conn.as_mut().graceful_shutdown();
-    if let Err(e) = conn.await {
-        tracing::debug!(%peer, error = %e, "connection ended with an error");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A server's socket with more written than its peer has read: `delivered` waits for the
+    /// peer to take it all, and gives up on a peer that stops reading.
+    #[tokio::test]
+    async fn a_connection_lasts_until_the_peer_has_every_byte() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (server, _) = l.accept().await.unwrap();
+        let chunk = vec![7u8; 64 << 10];
+        let mut written = 0;
+        // Until the peer's receive window and our send buffer are both full.
+        loop {
+            match server.try_write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+        let fd = server.as_raw_fd();
+        assert!(unacknowledged(fd).unwrap() > 0, "{written} bytes written");
+
+        // The peer reads nothing: given up after the stall period, not before.
+        let t0 = tokio::time::Instant::now();
+        delivered(fd, Duration::from_millis(300)).await;
+        assert!(t0.elapsed() >= Duration::from_millis(300));
+
+        let waiter = tokio::spawn(delivered(fd, Duration::from_secs(30)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!waiter.is_finished(), "the peer has not read yet");
+        let mut buf = vec![0u8; 1 << 20];
+        let mut read = 0;
+        while read < written {
+            read += client.read(&mut buf).await.unwrap();
+        }
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("done once the peer has every byte")
+            .unwrap();
+        assert_eq!(unacknowledged(fd), Some(0));
+        drop(server);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn idle_only_counts_time_without_requests() {

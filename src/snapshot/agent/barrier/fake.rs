@@ -159,10 +159,10 @@ impl FakeBarrier {
         };
         let key = (meta.ino(), meta.len(), meta.modified().ok());
         let mut parsed = self.parsed.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((k, c)) = parsed.as_ref() {
-            if *k == key {
-                return Ok(c.clone());
-            }
+        if let Some((k, c)) = parsed.as_ref()
+            && *k == key
+        {
+            return Ok(c.clone());
         }
         let c: FakeCluster = match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b)
