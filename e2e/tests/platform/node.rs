@@ -82,17 +82,22 @@ async fn installed() -> Client {
             "-k",
             root.join("config/default").to_str().unwrap(),
         ]);
-        kubectl(&[
-            "-n",
-            NS,
-            "rollout",
-            "status",
-            "deployment/ucm-controller-manager",
-            "--timeout=180s",
-        ]);
+        manager_rolled_out();
     })
     .await;
     client
+}
+
+/// Waits until the manager Deployment's rollout is complete.
+fn manager_rolled_out() {
+    kubectl(&[
+        "-n",
+        NS,
+        "rollout",
+        "status",
+        "deployment/ucm-controller-manager",
+        "--timeout=180s",
+    ]);
 }
 
 /// The manager's Pods that run and are not being deleted.
@@ -568,14 +573,7 @@ async fn a_download_outlives_a_certificate_renewal_and_the_ttl_and_the_proxy_ing
         "-p",
         &serde_json::to_string(&ops).unwrap(),
     ]);
-    kubectl(&[
-        "-n",
-        NS,
-        "rollout",
-        "status",
-        "deployment/ucm-controller-manager",
-        "--timeout=180s",
-    ]);
+    manager_rolled_out();
     eventually(Duration::from_secs(120), "a leader", || async {
         serving_leader(&client).await.is_some()
     })
@@ -821,14 +819,7 @@ async fn the_helm_chart_installs_under_pod_security_restricted_and_serves_its_na
         "deployment/ucm-controller-manager",
         "--replicas=2",
     ]);
-    kubectl(&[
-        "-n",
-        NS,
-        "rollout",
-        "status",
-        "deployment/ucm-controller-manager",
-        "--timeout=180s",
-    ]);
+    manager_rolled_out();
 }
 
 /// Points the shipped snapshot-agent DaemonSet at one loopfile pool (hack/node/snapshot-pools.*),
