@@ -29,6 +29,7 @@ use rand::Rng;
 use serde::de::DeserializeOwned;
 use tracing::{Instrument, debug, info_span, warn};
 
+use super::index::NameIndex;
 use super::{Runtime, metrics::ControllerMetrics, metrics::ReconcileResult};
 
 /// A reconciler's error: one fixed metric label per variant, and whether it is a write conflict
@@ -276,6 +277,29 @@ impl Runtime {
             + Sync
             + 'static,
     {
+        self.controller_indexed(name, api, cfg, trigger, None)
+    }
+
+    /// [`Runtime::controller`] that also keeps `index` from the primary watch's events, each
+    /// after the store applied it, for mappers that look up primaries by a key.
+    pub fn controller_indexed<K>(
+        &self,
+        name: &'static str,
+        api: Api<Guarded<K>>,
+        cfg: watcher::Config,
+        trigger: Trigger,
+        index: Option<Arc<NameIndex<Guarded<K>>>>,
+    ) -> Controller<Guarded<K>>
+    where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + serde::Serialize
+            + Debug
+            + Send
+            + Sync
+            + 'static,
+    {
         // Only this trigger reads managedFields; every other cache drops them.
         let slim: fn(&mut Guarded<K>) =
             if matches!(trigger, Trigger::SpecFinalizersAndForeignStatus) {
@@ -284,7 +308,17 @@ impl Runtime {
                 drop_managed_fields
             };
         let (reader, events) = self.reflected_events(name, api, cfg, slim);
-        self.controller_on(name, reader, events, trigger)
+        match index {
+            Some(ix) => {
+                let events = events.inspect(move |ev| {
+                    if let Ok(ev) = ev {
+                        ix.apply(ev);
+                    }
+                });
+                self.controller_on(name, reader, events, trigger)
+            }
+            None => self.controller_on(name, reader, events, trigger),
+        }
     }
 
     /// [`Runtime::controller`] on a watch made elsewhere: one of [`Runtime::reflect_fanout`]'s

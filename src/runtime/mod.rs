@@ -23,6 +23,7 @@ pub mod feature;
 pub mod guarded;
 pub mod health;
 pub mod http;
+pub mod index;
 pub mod leader;
 pub mod logging;
 pub mod manager;

@@ -2,7 +2,7 @@ use super::*;
 use crate::vmexport::context::Stores;
 use crate::vmexport::objects::pod::{ExportVolume, PodSettings};
 use crate::vmexport::optional::Optional;
-use crate::vmexport::podcache::ClaimIndex;
+use crate::vmexport::podcache::claim_index;
 use crate::vmexport::sources::kind::{classify_source, unsupported_source_message};
 use crate::vmexport::sources::{resolve_pvc, resolve_template, resolve_vm};
 use crate::vmexport::types::{TypedLocalObjectReference, VirtualMachineExportSpec};
@@ -721,7 +721,7 @@ fn stores(pvcs: Vec<PersistentVolumeClaim>, pods: Vec<Pod>) -> Stores {
         pvc_w.apply_watcher_event(&watcher::Event::Apply(p));
     }
     let (pod_r, mut pod_w) = reflector::store();
-    let claims = Arc::new(ClaimIndex::default());
+    let claims = Arc::new(claim_index());
     claims.apply(&watcher::Event::Init);
     for p in pods {
         claims.apply(&watcher::Event::InitApply(p.clone()));

@@ -8,9 +8,6 @@
 //! The watch decodes Pods as [`SlimPod`], reading only those fields from the JSON.
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
-use std::sync::RwLock;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerStatus, EnvVar, PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodStatus,
@@ -21,6 +18,8 @@ use kube::api::ObjectMeta;
 use kube::core::NamespaceResourceScope;
 use kube::runtime::watcher;
 use serde::{Deserialize, Deserializer};
+
+use crate::runtime::index::NameIndex;
 
 /// Reduces a Pod to what the vmexport reconciler reads from the cache. A Pod that mounts no
 /// claim keeps no volumes, so the many Pods unrelated to exports cost little more than their
@@ -233,8 +232,6 @@ fn is_export_pod(m: &ObjectMeta) -> bool {
     })
 }
 
-type Key = (String, String);
-
 fn claims_of(pod: &Pod) -> Vec<String> {
     pod.spec
         .iter()
@@ -247,116 +244,12 @@ fn claims_of(pod: &Pod) -> Vec<String> {
         .collect()
 }
 
-fn pod_key(pod: &Pod) -> Option<Key> {
-    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
-}
-
-#[derive(Default)]
-struct Index {
-    /// (namespace, claim) → pod names.
-    by_claim: HashMap<Key, BTreeSet<String>>,
-    /// (namespace, pod) → claims, so an update or delete removes exactly what it added.
-    by_pod: HashMap<Key, Vec<String>>,
-}
-
-impl Index {
-    fn remove(&mut self, key: &Key) {
-        for claim in self.by_pod.remove(key).unwrap_or_default() {
-            let ck = (key.0.clone(), claim);
-            if let Some(set) = self.by_claim.get_mut(&ck) {
-                set.remove(&key.1);
-                if set.is_empty() {
-                    self.by_claim.remove(&ck);
-                }
-            }
-        }
-    }
-
-    fn insert(&mut self, pod: &Pod) {
-        let Some(key) = pod_key(pod) else { return };
-        self.remove(&key);
-        let claims = claims_of(pod);
-        if claims.is_empty() {
-            return;
-        }
-        for c in &claims {
-            self.by_claim
-                .entry((key.0.clone(), c.clone()))
-                .or_default()
-                .insert(key.1.clone());
-        }
-        self.by_pod.insert(key, claims);
-    }
-}
-
 /// Pods by (namespace, claim name), kept from the same watch events as the Pod store. It only
 /// narrows the candidates: the in-use check reads each candidate from the store.
-#[derive(Default)]
-pub struct ClaimIndex {
-    live: RwLock<Index>,
-    /// The relist in progress (between `Init` and `InitDone`).
-    relist: RwLock<Option<Index>>,
-    /// Set by the first complete list: before it, "no pod mounts the claim" would be a guess.
-    ready: AtomicBool,
-}
+pub type ClaimIndex = NameIndex<Pod>;
 
-impl ClaimIndex {
-    pub fn apply(&self, ev: &watcher::Event<Pod>) {
-        match ev {
-            watcher::Event::Apply(p) => self
-                .live
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(p),
-            watcher::Event::Delete(p) => {
-                if let Some(k) = pod_key(p) {
-                    self.live
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&k);
-                }
-            }
-            watcher::Event::Init => {
-                *self.relist.write().unwrap_or_else(|e| e.into_inner()) = Some(Index::default());
-            }
-            watcher::Event::InitApply(p) => {
-                if let Some(ix) = self
-                    .relist
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .as_mut()
-                {
-                    ix.insert(p);
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(ix) = self
-                    .relist
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take()
-                {
-                    *self.live.write().unwrap_or_else(|e| e.into_inner()) = ix;
-                }
-                self.ready.store(true, Ordering::Release);
-            }
-        }
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-
-    /// Names of the Pods in `ns` that mount `claim`.
-    pub fn pods(&self, ns: &str, claim: &str) -> Vec<String> {
-        self.live
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_claim
-            .get(&(ns.to_string(), claim.to_string()))
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
-    }
+pub fn claim_index() -> ClaimIndex {
+    NameIndex::new(claims_of)
 }
 
 #[cfg(test)]
@@ -461,35 +354,5 @@ mod tests {
         let bare: SlimPod = serde_json::from_str(r#"{"metadata": {"name": "x"}}"#).unwrap();
         assert_eq!(bare.0.metadata.name.as_deref(), Some("x"));
         assert!(serde_json::from_str::<SlimPod>(r#"{"spec": {"volumes": 3}}"#).is_err());
-    }
-
-    #[test]
-    fn claim_index_follows_watch_events() {
-        let ix = ClaimIndex::default();
-        ix.apply(&watcher::Event::Init);
-        ix.apply(&watcher::Event::InitApply(pod("a", "p1", &["d", "e"])));
-        ix.apply(&watcher::Event::InitApply(pod("b", "p2", &["d"])));
-        assert!(ix.pods("a", "d").is_empty(), "visible only after InitDone");
-        assert!(!ix.is_ready());
-        ix.apply(&watcher::Event::InitDone);
-        assert!(ix.is_ready());
-        assert_eq!(ix.pods("a", "d"), ["p1"]);
-        assert_eq!(ix.pods("a", "e"), ["p1"]);
-        assert_eq!(ix.pods("b", "d"), ["p2"]);
-        ix.apply(&watcher::Event::Apply(pod("a", "p3", &["d"])));
-        assert_eq!(ix.pods("a", "d"), ["p1", "p3"]);
-        // same name, new claims (deleted and recreated between two events)
-        ix.apply(&watcher::Event::Apply(pod("a", "p1", &["f"])));
-        assert_eq!(ix.pods("a", "d"), ["p3"]);
-        assert!(ix.pods("a", "e").is_empty());
-        assert_eq!(ix.pods("a", "f"), ["p1"]);
-        ix.apply(&watcher::Event::Delete(pod("a", "p3", &["d"])));
-        assert!(ix.pods("a", "d").is_empty());
-        // a relist replaces everything
-        ix.apply(&watcher::Event::Init);
-        ix.apply(&watcher::Event::InitApply(pod("c", "p9", &["z"])));
-        ix.apply(&watcher::Event::InitDone);
-        assert!(ix.pods("a", "f").is_empty() && ix.pods("b", "d").is_empty());
-        assert_eq!(ix.pods("c", "z"), ["p9"]);
     }
 }

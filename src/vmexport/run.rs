@@ -22,12 +22,13 @@ use super::context::{Config, Context, Error, Stores};
 use super::decide::plan;
 use super::observe::{observe, store_ready};
 use super::optional::{self, Kind, Optional};
-use super::podcache::{ClaimIndex, SlimPod, unwrap_event};
+use super::podcache::{SlimPod, claim_index, unwrap_event};
 use super::sources::kind::{SourceKind, classify_source};
 use super::sources::restore_failed;
 use super::status::PhaseCollector;
 use super::types::VirtualMachineExport;
 use crate::runtime::controller::{self as rtc, Guarded};
+use crate::runtime::index::NameIndex;
 use crate::runtime::{Runtime, Trigger};
 
 pub const CONTROLLER: &str = "vmexport";
@@ -64,48 +65,52 @@ pub async fn reconcile(
     apply(&ctx, &export, &observed, &plan).await
 }
 
+/// Exports by source (docs/vmexport.md, "Triggers"): each export under its source kind and under
+/// kind and name, so an event finds its exports without scanning every export.
+pub type SourceIndex = NameIndex<Guarded<VirtualMachineExport>>;
+
+fn source_keys(g: &Guarded<VirtualMachineExport>) -> Vec<String> {
+    let Ok(e) = &g.0 else { return Vec::new() };
+    let kind = classify_source(&e.spec);
+    vec![
+        kind_key(kind, None),
+        kind_key(kind, Some(&e.spec.source.name)),
+    ]
+}
+
+fn kind_key(kind: SourceKind, name: Option<&str>) -> String {
+    match name {
+        Some(n) => format!("{kind:?}/{n}"),
+        None => format!("{kind:?}"),
+    }
+}
+
 /// Exports whose source is the PVC `ns/claim`.
 fn exports_of_claim(
-    store: &Store<Guarded<VirtualMachineExport>>,
+    ix: &SourceIndex,
     ns: &str,
     claim: &str,
 ) -> Vec<ObjectRef<Guarded<VirtualMachineExport>>> {
-    store
-        .state()
-        .iter()
-        .filter_map(|g| {
-            let e = g.0.as_ref().ok()?;
-            (e.namespace().as_deref() == Some(ns)
-                && classify_source(&e.spec) == SourceKind::Pvc
-                && e.spec.source.name == claim)
-                .then(|| ObjectRef::from_obj(g.as_ref()))
-        })
-        .collect()
+    exports_of_kind(ix, ns, SourceKind::Pvc, Some(claim))
 }
 
 /// Exports in `ns` with a source of `kind` (and `name`, when given).
 fn exports_of_kind(
-    store: &Store<Guarded<VirtualMachineExport>>,
+    ix: &SourceIndex,
     ns: &str,
     kind: SourceKind,
     name: Option<&str>,
 ) -> Vec<ObjectRef<Guarded<VirtualMachineExport>>> {
-    store
-        .state()
+    ix.names(ns, &kind_key(kind, name))
         .iter()
-        .filter_map(|g| {
-            let e = g.0.as_ref().ok()?;
-            (e.namespace().as_deref() == Some(ns)
-                && classify_source(&e.spec) == kind
-                && name.is_none_or(|n| e.spec.source.name == n))
-            .then(|| ObjectRef::from_obj(g.as_ref()))
-        })
+        .map(|n| ObjectRef::new(n).within(ns))
         .collect()
 }
 
 /// Exports to re-check for an optional-API event; `None` means the API just appeared.
 fn exports_of_optional(
     store: &Store<Guarded<VirtualMachineExport>>,
+    ix: &SourceIndex,
     kind: Kind,
     obj: Option<&kube::api::DynamicObject>,
 ) -> Vec<ObjectRef<Guarded<VirtualMachineExport>>> {
@@ -130,26 +135,26 @@ fn exports_of_optional(
     let name = obj.name_any();
     match kind {
         Kind::VirtualMachine | Kind::VirtualMachineInstance => {
-            exports_of_kind(store, &ns, SourceKind::VirtualMachine, Some(&name))
+            exports_of_kind(ix, &ns, SourceKind::VirtualMachine, Some(&name))
         }
         Kind::DataVolume => {
-            let mut out = exports_of_claim(store, &ns, &name);
+            let mut out = exports_of_claim(ix, &ns, &name);
             for k in [
                 SourceKind::VirtualMachine,
                 SourceKind::VirtualMachineTemplate,
             ] {
-                out.extend(exports_of_kind(store, &ns, k, None));
+                out.extend(exports_of_kind(ix, &ns, k, None));
             }
             out
         }
         Kind::VirtualMachineTemplate => {
-            exports_of_kind(store, &ns, SourceKind::VirtualMachineTemplate, Some(&name))
+            exports_of_kind(ix, &ns, SourceKind::VirtualMachineTemplate, Some(&name))
         }
         Kind::VirtualMachineSnapshot => {
-            exports_of_kind(store, &ns, SourceKind::VirtualMachineSnapshot, Some(&name))
+            exports_of_kind(ix, &ns, SourceKind::VirtualMachineSnapshot, Some(&name))
         }
         Kind::VirtualMachineSnapshotContent | Kind::VolumeSnapshot => {
-            exports_of_kind(store, &ns, SourceKind::VirtualMachineSnapshot, None)
+            exports_of_kind(ix, &ns, SourceKind::VirtualMachineSnapshot, None)
         }
     }
 }
@@ -176,7 +181,7 @@ pub async fn run(rt: Runtime, cfg: Config) {
         .register(Box::new(ttl_deletions.clone()));
 
     // Pods: slim copies (podcache.rs) and the claim index, both fed by one watch.
-    let claims = Arc::new(ClaimIndex::default());
+    let claims = Arc::new(claim_index());
     let (pod_store, pod_writer) = reflector::store::<Pod>();
     let mut pods_synced = rt.track_synced("vmexport-pods");
     let ix = Arc::clone(&claims);
@@ -217,13 +222,15 @@ pub async fn run(rt: Runtime, cfg: Config) {
         }
     });
     tokio::spawn(ingress_timeouts(rt.clone(), ingress_store.clone(), ing_rx));
-    let controller = rt.controller::<VirtualMachineExport>(
+    let sources = Arc::new(SourceIndex::new(source_keys));
+    let controller = rt.controller_indexed::<VirtualMachineExport>(
         CONTROLLER,
         rt.watched(),
         watcher::Config::default(),
         // A status another writer changed is corrected at once (docs/vmexport.md, "Triggers"); our
         // own writes trigger nothing.
         Trigger::SpecFinalizersAndForeignStatus,
+        Some(Arc::clone(&sources)),
     );
     let store = controller.store();
 
@@ -246,14 +253,14 @@ pub async fn run(rt: Runtime, cfg: Config) {
         opt_tx,
         rt.shutdown.clone(),
     ));
-    let s3 = store.clone();
+    let (s3, ix3) = (store.clone(), Arc::clone(&sources));
     let optional_triggers =
         futures::stream::poll_fn(move |cx| opt_rx.poll_recv(cx)).flat_map(move |(kind, obj)| {
-            futures::stream::iter(exports_of_optional(&s3, kind, obj.as_ref()))
+            futures::stream::iter(exports_of_optional(&s3, &ix3, kind, obj.as_ref()))
         });
 
-    let s1 = store.clone();
-    let s2 = store.clone();
+    let s1 = Arc::clone(&sources);
+    let s2 = Arc::clone(&sources);
     let s4 = store.clone();
     let controller = controller
         .reconcile_on(optional_triggers)
@@ -356,5 +363,69 @@ async fn ensure_ca_when_leading(rt: Runtime, ctx: Arc<Context>) {
             // Passes retry it with their own backoff; the next acquisition tries again.
             Err(e) => tracing::warn!(error = %rtc::error_chain(&e), "cannot ensure the export CA"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmexport::fixtures::export;
+
+    fn guarded(name: &str, kind: &str, source: &str) -> Guarded<VirtualMachineExport> {
+        let mut e = export(name);
+        e.spec.source.kind = kind.into();
+        e.spec.source.name = source.into();
+        if kind == "VirtualMachine" {
+            e.spec.source.api_group = Some("kubevirt.io".into());
+        }
+        Guarded(Ok(e))
+    }
+
+    fn names(refs: Vec<ObjectRef<Guarded<VirtualMachineExport>>>) -> Vec<String> {
+        refs.into_iter().map(|r| r.name).collect()
+    }
+
+    #[test]
+    fn the_source_index_finds_exports_by_claim_and_by_kind() {
+        let ix = SourceIndex::new(source_keys);
+        ix.apply(&watcher::Event::Init);
+        for g in [
+            guarded("a", "PersistentVolumeClaim", "disk"),
+            guarded("b", "PersistentVolumeClaim", "disk"),
+            guarded("c", "PersistentVolumeClaim", "other"),
+            guarded("d", "VirtualMachine", "disk"),
+        ] {
+            ix.apply(&watcher::Event::InitApply(g));
+        }
+        ix.apply(&watcher::Event::InitDone);
+        assert_eq!(names(exports_of_claim(&ix, "ns1", "disk")), ["a", "b"]);
+        assert!(exports_of_claim(&ix, "ns2", "disk").is_empty());
+        assert_eq!(
+            names(exports_of_kind(
+                &ix,
+                "ns1",
+                SourceKind::VirtualMachine,
+                None
+            )),
+            ["d"]
+        );
+        assert_eq!(
+            names(exports_of_kind(&ix, "ns1", SourceKind::Pvc, None)),
+            ["a", "b", "c"]
+        );
+        // A changed source moves the export; a deleted one leaves.
+        ix.apply(&watcher::Event::Apply(guarded(
+            "b",
+            "PersistentVolumeClaim",
+            "other",
+        )));
+        assert_eq!(names(exports_of_claim(&ix, "ns1", "disk")), ["a"]);
+        assert_eq!(names(exports_of_claim(&ix, "ns1", "other")), ["b", "c"]);
+        ix.apply(&watcher::Event::Delete(guarded(
+            "a",
+            "PersistentVolumeClaim",
+            "disk",
+        )));
+        assert!(exports_of_claim(&ix, "ns1", "disk").is_empty());
     }
 }

@@ -71,7 +71,7 @@ pub(super) fn in_use_by_pod(st: &Stores, ns: &str, claim: &str, export_uid: &str
     // The claim index names the candidates; the store holds their phase and owners.
     let candidates: Vec<Arc<Pod>> = st
         .claims
-        .pods(ns, claim)
+        .names(ns, claim)
         .into_iter()
         .filter_map(|p| st.pods.get(&ObjectRef::new(&p).within(ns)))
         .collect();
