@@ -43,6 +43,7 @@ pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String>
         watcher::Config::default(),
         2,
         drop_managed_fields,
+        None,
     );
     // Active Leases (no ended label; docs/exporter.md, "Objects": the selector drops ended leases
     // from the watch and its cache, and admits an ended lease that lacks the label, so it is
@@ -53,6 +54,7 @@ pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String>
         active_lease_watch(),
         2,
         drop_managed_fields,
+        None,
     );
     let (clients, client_events) = rt.reflect_fanout(
         "client",
@@ -60,6 +62,7 @@ pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String>
         watcher::Config::default(),
         2,
         drop_managed_fields,
+        None,
     );
     // Credential Secrets, metadata only (no Secret data is cached): the cache tells a pass
     // that a Secret does not exist, and its changes trigger their owners.
@@ -69,6 +72,7 @@ pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String>
         watcher::Config::default(),
         2,
         slim_secret,
+        None,
     );
     let (policies, policy_changes) = rt.reflect(
         "exporter-policies",

@@ -307,18 +307,8 @@ impl Runtime {
             } else {
                 drop_managed_fields
             };
-        let (reader, events) = self.reflected_events(name, api, cfg, slim);
-        match index {
-            Some(ix) => {
-                let events = events.inspect(move |ev| {
-                    if let Ok(ev) = ev {
-                        ix.apply(ev);
-                    }
-                });
-                self.controller_on(name, reader, events, trigger)
-            }
-            None => self.controller_on(name, reader, events, trigger),
-        }
+        let (reader, events) = self.reflected_events(name, api, cfg, slim, index);
+        self.controller_on(name, reader, events, trigger)
     }
 
     /// [`Runtime::controller`] on a watch made elsewhere: one of [`Runtime::reflect_fanout`]'s
@@ -387,7 +377,7 @@ impl Runtime {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        let (reader, events) = self.reflected_events(name, api, cfg, drop_managed_fields);
+        let (reader, events) = self.reflected_events(name, api, cfg, drop_managed_fields, None);
         (reader, events.touched_objects())
     }
 
@@ -407,11 +397,12 @@ impl Runtime {
         cfg: watcher::Config,
         n: usize,
         slim: fn(&mut K),
+        index: Option<Arc<NameIndex<K>>>,
     ) -> (reflector::Store<K>, Vec<FanoutStream<K>>)
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        let (reader, events) = self.reflected_events(name, api, cfg, slim);
+        let (reader, events) = self.reflected_events(name, api, cfg, slim, index);
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..n)
             .map(|_| futures::channel::mpsc::unbounded::<watcher::Event<K>>())
             .unzip();
@@ -443,14 +434,15 @@ impl Runtime {
         (reader, streams)
     }
 
-    /// Watcher with backoff, reflected into a store; the end of the initial list clears the
-    /// watch's readiness gate.
+    /// Watcher with backoff, reflected into a store (and `index`, right after the store); the end
+    /// of the initial list clears the watch's readiness gate.
     fn reflected_events<K>(
         &self,
         name: &'static str,
         api: Api<K>,
         cfg: watcher::Config,
         slim: fn(&mut K),
+        index: Option<Arc<NameIndex<K>>>,
     ) -> (
         reflector::Store<K>,
         impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -464,7 +456,12 @@ impl Runtime {
             .default_backoff()
             .modify(slim)
             .inspect(move |ev| synced.observe(ev))
-            .reflect(writer);
+            .reflect(writer)
+            .inspect(move |ev| {
+                if let (Some(ix), Ok(ev)) = (&index, ev) {
+                    ix.apply(ev);
+                }
+            });
         (reader, stream)
     }
 }

@@ -50,7 +50,7 @@ impl Maps {
     }
 }
 
-/// Names of namespaced `K` objects by (namespace, key); `keys` says which keys an object has.
+/// Names of `K` objects by (namespace, key); `keys` says which keys an object has.
 pub struct NameIndex<K> {
     keys: fn(&K) -> Vec<String>,
     live: RwLock<Maps>,
@@ -72,7 +72,9 @@ impl<K: Resource> NameIndex<K> {
 
     fn entry(&self, o: &K) -> Option<(Key, Vec<String>)> {
         let m = o.meta();
-        Some(((m.namespace.clone()?, m.name.clone()?), (self.keys)(o)))
+        // A cluster-scoped object is under the namespace "".
+        let ns = m.namespace.clone().unwrap_or_default();
+        Some(((ns, m.name.clone()?), (self.keys)(o)))
     }
 
     /// Feed every event of the watch, after its store applied it.

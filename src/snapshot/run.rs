@@ -23,6 +23,7 @@ use super::decide::{self, Observed, Step};
 use super::grant;
 use super::observe::{AGENT_LEASE_PREFIX, waits_on_agent, waits_on_round};
 use super::types::{MiroirSnapshot, MiroirVolume};
+use crate::runtime::index::NameIndex;
 use crate::runtime::{Guarded, Runtime, Trigger, controller};
 
 /// Name of the manager's controller (metrics label, field manager `ucm-miroirsnapshot`).
@@ -181,46 +182,46 @@ pub async fn run(rt: Runtime, settings: Settings, agent_namespace: String) {
     // One watch for two consumers: the controller, and the mapping of every snapshot change
     // to the siblings that wait on it (a round closing, by publish, void or deletion, lets the
     // next snapshot of that volume open).
+    // Snapshots by volume, so a change finds its volume's snapshots without a scan of all
+    // (docs/architecture.md, "Caches and indexes").
+    let by_volume_ix = Arc::new(NameIndex::new(snapshot_volume));
     let (store, events) = rt.reflect_fanout(
         CONTROLLER,
         guarded,
         watcher::Config::default(),
         2,
         controller::drop_managed_fields,
+        Some(Arc::clone(&by_volume_ix)),
     );
     let [primary, sibling_events]: [_; 2] = events.try_into().ok().expect("two streams");
     let controller =
         rt.controller_on::<MiroirSnapshot>(CONTROLLER, store.clone(), primary, Trigger::AnyChange);
-    let by_volume = store.clone();
+    let by_volume = Arc::clone(&by_volume_ix);
     let waiting = store.clone();
-    let siblings = store.clone();
+    let (siblings, sibling_ix) = (store.clone(), by_volume_ix);
     let sibling_events = sibling_events.touched_objects();
     let controller =
         controller.watches_stream(sibling_events, move |changed: Guarded<MiroirSnapshot>| {
             let Ok(changed) = changed.0 else {
                 return Vec::new();
             };
-            siblings
-                .state()
+            sibling_ix
+                .names("", &changed.spec.volume_name)
                 .iter()
+                .filter_map(|n| siblings.get(&ObjectRef::new(n)))
                 .filter(|s| {
-                    s.0.as_ref().is_ok_and(|s| {
-                        s.spec.volume_name == changed.spec.volume_name
-                            && s.uid() != changed.uid()
-                            && waits_on_round(s)
-                    })
+                    s.0.as_ref()
+                        .is_ok_and(|s| s.uid() != changed.uid() && waits_on_round(s))
                 })
-                .map(|s| ObjectRef::from_obj(&**s))
+                .map(|s| ObjectRef::from_obj(&*s))
                 .collect::<Vec<_>>()
         });
     let controller = controller
         .watches_stream(volume_events, move |v: Guarded<MiroirVolume>| {
-            let name = v.name_any();
             by_volume
-                .state()
+                .names("", &v.name_any())
                 .iter()
-                .filter(|s| s.0.as_ref().is_ok_and(|s| s.spec.volume_name == name))
-                .map(|s| ObjectRef::from_obj(&**s))
+                .map(|n| ObjectRef::new(n))
                 .collect::<Vec<_>>()
         })
         .watches_stream(lease_events, move |l: Lease| {
@@ -258,4 +259,11 @@ pub async fn run(rt: Runtime, settings: Settings, agent_namespace: String) {
         reconcile,
     )
     .await;
+}
+
+/// The key of [`NameIndex`] for snapshots: the volume they cut (immutable).
+fn snapshot_volume(s: &Guarded<MiroirSnapshot>) -> Vec<String> {
+    s.0.as_ref()
+        .map(|s| vec![s.spec.volume_name.clone()])
+        .unwrap_or_default()
 }
