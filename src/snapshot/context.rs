@@ -137,8 +137,11 @@ pub struct Context {
     pub snapshots: Api<MiroirSnapshot>,
     pub snapshot_store: Store<Guarded<MiroirSnapshot>>,
     pub volumes: Store<Guarded<MiroirVolume>>,
-    /// Every Lease of the agent namespace: the agents' heartbeats and the volumes' round grants.
+    /// Every Lease of the agent namespace: the volumes' round grants (and the heartbeats).
     pub leases: Store<Lease>,
+    /// The agents' heartbeat Leases only ([`super::observe::AGENT_LEASE_LABEL`]): a pass reads
+    /// them all, so their number must not grow with the volumes.
+    pub heartbeat_leases: Store<Lease>,
     /// The round grants' Leases (docs/snapshot.md, "One round per volume").
     pub round_leases: Api<Lease>,
     pub agent_namespace: String,

@@ -16,6 +16,9 @@ use crate::conditions;
 
 /// Prefix of the agents' heartbeat Leases.
 pub const AGENT_LEASE_PREFIX: &str = "ucm-snapshot-agent-";
+/// The label every heartbeat Lease carries (set at each renewal): the manager watches those
+/// Leases apart from the round grants, whose number grows with the volumes.
+pub const AGENT_LEASE_LABEL: (&str, &str) = ("app.kubernetes.io/name", "ucm-snapshot-agent");
 
 impl Context {
     pub(super) fn volume(&self, name: &str) -> Option<MiroirVolume> {
@@ -25,7 +28,7 @@ impl Context {
     }
 
     pub(super) fn heartbeats(&self) -> BTreeMap<String, Timestamp> {
-        self.leases
+        self.heartbeat_leases
             .state()
             .iter()
             .filter_map(|l| {

@@ -21,7 +21,7 @@ use super::apply::act;
 use super::context::{Context, Error, RoundMetrics, Settings};
 use super::decide::{self, Observed, Step};
 use super::grant;
-use super::observe::{AGENT_LEASE_PREFIX, waits_on_agent, waits_on_round};
+use super::observe::{AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX, waits_on_agent, waits_on_round};
 use super::types::{MiroirSnapshot, MiroirVolume};
 use crate::runtime::index::NameIndex;
 use crate::runtime::{Guarded, Runtime, Trigger, controller};
@@ -166,10 +166,27 @@ pub async fn run(rt: Runtime, settings: Settings, agent_namespace: String) {
         Api::<Guarded<MiroirVolume>>::all(client.clone()),
         watcher::Config::default(),
     );
-    let (lease_reader, lease_events) = rt.reflect(
-        "snapshot-agent-leases",
+    // The round grants (one Lease per volume), read by name; the heartbeats apart, since every
+    // pass reads all of them.
+    let (lease_reader, grant_events) = rt.reflect(
+        "snapshot-round-leases",
         Api::<Lease>::namespaced(client.clone(), &agent_namespace),
         watcher::Config::default(),
+    );
+    // Nothing is mapped from a grant's change (its snapshot's own write follows it): the
+    // stream only keeps the cache.
+    let stop = rt.shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = grant_events.for_each(|_| futures::future::ready(())) => {}
+            _ = stop.cancelled() => {}
+        }
+    });
+    let (heartbeat_reader, lease_events) = rt.reflect(
+        "snapshot-agent-leases",
+        Api::<Lease>::namespaced(client.clone(), &agent_namespace),
+        watcher::Config::default()
+            .labels(&format!("{}={}", AGENT_LEASE_LABEL.0, AGENT_LEASE_LABEL.1)),
     );
     let lease_events = lease_events.filter(|l| {
         futures::future::ready(
@@ -244,6 +261,7 @@ pub async fn run(rt: Runtime, settings: Settings, agent_namespace: String) {
         snapshot_store: store,
         volumes: vol_reader,
         leases: lease_reader,
+        heartbeat_leases: heartbeat_reader,
         round_leases: Api::namespaced(client.clone(), &agent_namespace),
         agent_namespace,
         settings,

@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::snapshot::observe::AGENT_LEASE_PREFIX;
+use crate::snapshot::observe::{AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX};
 
 pub(super) async fn heartbeat(
     client: Client,
@@ -40,7 +40,10 @@ pub(super) async fn heartbeat(
             .patch(
                 &name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({ "spec": spec })),
+                &Patch::Merge(json!({
+                    "metadata": {"labels": {AGENT_LEASE_LABEL.0: AGENT_LEASE_LABEL.1}},
+                    "spec": spec,
+                })),
             )
             .await;
         let res = match patched {
@@ -51,8 +54,8 @@ pub(super) async fn heartbeat(
                         name: Some(name.clone()),
                         labels: Some(
                             [(
-                                "app.kubernetes.io/name".to_string(),
-                                "ucm-snapshot-agent".to_string(),
+                                AGENT_LEASE_LABEL.0.to_string(),
+                                AGENT_LEASE_LABEL.1.to_string(),
                             )]
                             .into(),
                         ),
