@@ -260,6 +260,7 @@ impl Metrics {
 
 struct State {
     client: kube::Client,
+    lookups: Lookups,
     upstream_tls: tokio_rustls::TlsConnector,
     upstream_address: Option<String>,
     metrics: Metrics,
@@ -354,34 +355,19 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         return text(StatusCode::UNAUTHORIZED, "401 unauthorized\n");
     };
 
-    let exports: Api<VirtualMachineExport> = Api::namespaced(state.client.clone(), t.namespace);
-    let export = match exports.get_opt(t.name).await {
-        Ok(Some(e)) => e,
-        Ok(None) => return text(StatusCode::NOT_FOUND, "404 page not found\n"),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the export");
+    let (service, expected) = match state.lookups.get(&state.client, t.namespace, t.name).await {
+        Lookup::Found { service, token } => (service, token),
+        Lookup::NotFound => return text(StatusCode::NOT_FOUND, "404 page not found\n"),
+        Lookup::NotReady => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the export is not ready; wait for status.phase Ready\n",
+            );
+        }
+        Lookup::ExportUnreadable => {
             return text(StatusCode::BAD_GATEWAY, "cannot read the export\n");
         }
-    };
-    let st = export.status.unwrap_or_default();
-    let (Some(service), Some(secret), Some(PHASE_READY)) = (
-        st.service_name.as_deref(),
-        st.token_secret_ref.as_deref(),
-        st.phase.as_deref(),
-    ) else {
-        return text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the export is not ready; wait for status.phase Ready\n",
-        );
-    };
-    let secrets: Api<Secret> = Api::namespaced(state.client.clone(), t.namespace);
-    let expected = match secrets.get_opt(secret).await {
-        Ok(s) => s
-            .and_then(|s| s.data)
-            .and_then(|d| d.get("token").map(|b| b.0.clone()))
-            .unwrap_or_default(),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the export's token Secret");
+        Lookup::SecretUnreadable => {
             return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
         }
     };
@@ -481,6 +467,82 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         })
         .boxed_unsync();
     Response::from_parts(parts, body)
+}
+
+/// What a request needs from the API server: the export's Service and the token it expects.
+#[derive(Clone)]
+enum Lookup {
+    Found { service: String, token: Vec<u8> },
+    NotFound,
+    NotReady,
+    ExportUnreadable,
+    SecretUnreadable,
+}
+
+type Pending = futures::future::Shared<BoxFuture<'static, Lookup>>;
+
+/// Reads an export and its token Secret, once for all the requests that ask at the same time
+/// (docs/vmexport.md, "Export proxy"): 50 clients starting ranges of one export cost two GETs,
+/// not 100. Nothing is kept once the reads return, so a deleted export or a changed token
+/// applies to the next request; a request that joins a read in flight gets an answer at most
+/// one round trip older than itself.
+#[derive(Default)]
+struct Lookups(std::sync::Mutex<std::collections::HashMap<(String, String), Pending>>);
+
+impl Lookups {
+    async fn get(&self, client: &kube::Client, ns: &str, name: &str) -> Lookup {
+        let key = (ns.to_string(), name.to_string());
+        let pending = {
+            let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            m.entry(key.clone())
+                .or_insert_with(|| {
+                    let (client, ns, name) = (client.clone(), ns.to_string(), name.to_string());
+                    futures::FutureExt::shared(Box::pin(
+                        async move { lookup(&client, &ns, &name).await },
+                    ) as BoxFuture<'static, Lookup>)
+                })
+                .clone()
+        };
+        let out = pending.clone().await;
+        // The first to finish forgets it (unless a newer read already took the slot).
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if m.get(&key).is_some_and(|p| p.ptr_eq(&pending)) {
+            m.remove(&key);
+        }
+        out
+    }
+}
+
+async fn lookup(client: &kube::Client, ns: &str, name: &str) -> Lookup {
+    let exports: Api<VirtualMachineExport> = Api::namespaced(client.clone(), ns);
+    let export = match exports.get_opt(name).await {
+        Ok(Some(e)) => e,
+        Ok(None) => return Lookup::NotFound,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the export");
+            return Lookup::ExportUnreadable;
+        }
+    };
+    let st = export.status.unwrap_or_default();
+    let (Some(service), Some(secret), Some(PHASE_READY)) =
+        (st.service_name, st.token_secret_ref, st.phase.as_deref())
+    else {
+        return Lookup::NotReady;
+    };
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    match secrets.get_opt(&secret).await {
+        Ok(s) => Lookup::Found {
+            service,
+            token: s
+                .and_then(|s| s.data)
+                .and_then(|d| d.get("token").map(|b| b.0.clone()))
+                .unwrap_or_default(),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the export's token Secret");
+            Lookup::SecretUnreadable
+        }
+    }
 }
 
 /// Frames read ahead from the export server while the client is written to (bounded: at most
@@ -607,6 +669,7 @@ pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
 
     let state = Arc::new(State {
         client,
+        lookups: Lookups::default(),
         upstream_tls: tokio_rustls::TlsConnector::from(Arc::new(client_cfg)),
         upstream_address: args.upstream_address.clone(),
         metrics,
@@ -668,6 +731,65 @@ mod tests {
         ] {
             assert_eq!(parse_path(bad), None, "{bad}");
         }
+    }
+
+    /// An API server that holds every answer 50 ms (so requests overlap), counts the requests,
+    /// and serves a Ready export and its token Secret holding `token`.
+    fn api_server(
+        token: Arc<std::sync::Mutex<&'static str>>,
+    ) -> (kube::Client, Arc<std::sync::atomic::AtomicUsize>) {
+        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = seen.clone();
+        let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = if req.uri().path().contains("/secrets/") {
+                use base64::Engine;
+                let t = *token.lock().unwrap();
+                serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": "tok", "namespace": "ns1"},
+                    "data": {"token": base64::engine::general_purpose::STANDARD.encode(t)}})
+            } else {
+                serde_json::json!({"apiVersion": "export.kubevirt.io/v1", "kind": "VirtualMachineExport",
+                    "metadata": {"name": "e", "namespace": "ns1"},
+                    "spec": {"source": {"kind": "PersistentVolumeClaim", "name": "d"}},
+                    "status": {"phase": "Ready", "serviceName": "virt-export-e", "tokenSecretRef": "tok"}})
+            };
+            async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(body.to_string())))
+                        .unwrap(),
+                )
+            }
+        });
+        (kube::Client::new(svc, "ns1"), seen)
+    }
+
+    #[tokio::test]
+    async fn requests_at_the_same_time_share_one_read_and_the_next_reads_again() {
+        let token = Arc::new(std::sync::Mutex::new("first"));
+        let (client, seen) = api_server(Arc::clone(&token));
+        let lookups = Lookups::default();
+        let got =
+            futures::future::join_all((0..50).map(|_| lookups.get(&client, "ns1", "e"))).await;
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "one GET of the export, one of the Secret"
+        );
+        for g in got {
+            assert!(
+                matches!(g, Lookup::Found { ref service, ref token } if service == "virt-export-e" && token == b"first")
+            );
+        }
+        // Nothing is kept: a changed token is what the next request is checked against.
+        *token.lock().unwrap() = "second";
+        let next = lookups.get(&client, "ns1", "e").await;
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 4);
+        assert!(matches!(next, Lookup::Found { ref token, .. } if token == b"second"));
+        assert!(lookups.0.lock().unwrap().is_empty());
     }
 
     #[test]
