@@ -223,7 +223,7 @@ pub async fn run(rt: Runtime, cfg: Config) {
     });
     tokio::spawn(ingress_timeouts(rt.clone(), ingress_store.clone(), ing_rx));
     let sources = Arc::new(SourceIndex::new(source_keys));
-    let controller = rt.controller_indexed::<VirtualMachineExport>(
+    let controller = rt.controller::<VirtualMachineExport>(
         CONTROLLER,
         rt.watched(),
         watcher::Config::default(),
