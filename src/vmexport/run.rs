@@ -259,8 +259,8 @@ pub async fn run(rt: Runtime, cfg: Config) {
             futures::stream::iter(exports_of_optional(&s3, &ix3, kind, obj.as_ref()))
         });
 
-    let s1 = Arc::clone(&sources);
-    let s2 = Arc::clone(&sources);
+    let ix1 = Arc::clone(&sources);
+    let ix2 = Arc::clone(&sources);
     let s4 = store.clone();
     let controller = controller
         .reconcile_on(optional_triggers)
@@ -268,14 +268,14 @@ pub async fn run(rt: Runtime, cfg: Config) {
         .owns_stream(secret_events)
         .watches_stream(pvc_events.boxed(), move |pvc: PersistentVolumeClaim| {
             let ns = pvc.namespace().unwrap_or_default();
-            let mut out = exports_of_claim(&s1, &ns, &pvc.name_any());
+            let mut out = exports_of_claim(&ix1, &ns, &pvc.name_any());
             // A VM's or template's claims (and a VM's backend PVC) are not indexed: VM and
             // template exports of the namespace are re-checked, which is cheap and idempotent.
             for k in [
                 SourceKind::VirtualMachine,
                 SourceKind::VirtualMachineTemplate,
             ] {
-                out.extend(exports_of_kind(&s1, &ns, k, None));
+                out.extend(exports_of_kind(&ix1, &ns, k, None));
             }
             out
         })
@@ -291,7 +291,7 @@ pub async fn run(rt: Runtime, cfg: Config) {
             let mut out: Vec<_> = owner_export(&pod.metadata).into_iter().collect();
             for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
                 if let Some(c) = &v.persistent_volume_claim {
-                    out.extend(exports_of_claim(&s2, &ns, &c.claim_name));
+                    out.extend(exports_of_claim(&ix2, &ns, &c.claim_name));
                 }
             }
             out

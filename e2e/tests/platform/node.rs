@@ -82,21 +82,21 @@ async fn installed() -> Client {
             "-k",
             root.join("config/default").to_str().unwrap(),
         ]);
-        manager_rolled_out();
+        manager_rolled_out("180s");
     })
     .await;
     client
 }
 
-/// Waits until the manager Deployment's rollout is complete.
-fn manager_rolled_out() {
+/// Waits until the manager Deployment's rollout is complete (`timeout`: a Go duration).
+fn manager_rolled_out(timeout: &str) {
     kubectl(&[
         "-n",
         NS,
         "rollout",
         "status",
         "deployment/ucm-controller-manager",
-        "--timeout=180s",
+        &format!("--timeout={timeout}"),
     ]);
 }
 
@@ -573,7 +573,7 @@ async fn a_download_outlives_a_certificate_renewal_and_the_ttl_and_the_proxy_ing
         "-p",
         &serde_json::to_string(&ops).unwrap(),
     ]);
-    manager_rolled_out();
+    manager_rolled_out("180s");
     eventually(Duration::from_secs(120), "a leader", || async {
         serving_leader(&client).await.is_some()
     })
@@ -819,7 +819,7 @@ async fn the_helm_chart_installs_under_pod_security_restricted_and_serves_its_na
         "deployment/ucm-controller-manager",
         "--replicas=2",
     ]);
-    manager_rolled_out();
+    manager_rolled_out("180s");
 }
 
 /// Points the shipped snapshot-agent DaemonSet at one loopfile pool (hack/node/snapshot-pools.*),
@@ -1392,18 +1392,9 @@ async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
             "deployment/ucm-controller-manager",
         ]);
         // kubectl's own wait, off the runtime: the calls keep running meanwhile.
-        tokio::task::spawn_blocking(|| {
-            kubectl(&[
-                "-n",
-                NS,
-                "rollout",
-                "status",
-                "deployment/ucm-controller-manager",
-                "--timeout=300s",
-            ])
-        })
-        .await
-        .unwrap();
+        tokio::task::spawn_blocking(|| manager_rolled_out("300s"))
+            .await
+            .unwrap();
         eventually(
             Duration::from_secs(120),
             "two serving replicas after the rollout",

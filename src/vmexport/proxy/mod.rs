@@ -259,7 +259,6 @@ impl Metrics {
 }
 
 struct State {
-    client: kube::Client,
     lookups: Lookups,
     upstream_tls: tokio_rustls::TlsConnector,
     upstream_address: Option<String>,
@@ -355,7 +354,7 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         return text(StatusCode::UNAUTHORIZED, "401 unauthorized\n");
     };
 
-    let (service, expected) = match state.lookups.get(&state.client, t.namespace, t.name).await {
+    let (service, expected) = match state.lookups.get(t.namespace, t.name).await {
         Lookup::Found { service, token } => (service, token),
         Lookup::NotFound => return text(StatusCode::NOT_FOUND, "404 page not found\n"),
         Lookup::NotReady => {
@@ -486,17 +485,27 @@ type Pending = futures::future::Shared<BoxFuture<'static, Lookup>>;
 /// not 100. Nothing is kept once the reads return, so a deleted export or a changed token
 /// applies to the next request; a request that joins a read in flight gets an answer at most
 /// one round trip older than itself.
-#[derive(Default)]
-struct Lookups(std::sync::Mutex<std::collections::HashMap<(String, String), Pending>>);
+struct Lookups {
+    client: kube::Client,
+    pending: std::sync::Mutex<std::collections::HashMap<(String, String), Pending>>,
+}
 
 impl Lookups {
-    async fn get(&self, client: &kube::Client, ns: &str, name: &str) -> Lookup {
+    fn new(client: kube::Client) -> Lookups {
+        Lookups {
+            client,
+            pending: Default::default(),
+        }
+    }
+
+    async fn get(&self, ns: &str, name: &str) -> Lookup {
         let key = (ns.to_string(), name.to_string());
         let pending = {
-            let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut m = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             m.entry(key.clone())
                 .or_insert_with(|| {
-                    let (client, ns, name) = (client.clone(), ns.to_string(), name.to_string());
+                    let (client, ns, name) =
+                        (self.client.clone(), ns.to_string(), name.to_string());
                     futures::FutureExt::shared(Box::pin(
                         async move { lookup(&client, &ns, &name).await },
                     ) as BoxFuture<'static, Lookup>)
@@ -505,7 +514,7 @@ impl Lookups {
         };
         let out = pending.clone().await;
         // The first to finish forgets it (unless a newer read already took the slot).
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         if m.get(&key).is_some_and(|p| p.ptr_eq(&pending)) {
             m.remove(&key);
         }
@@ -668,8 +677,7 @@ pub async fn serve(args: ProxyArgs) -> anyhow::Result<()> {
     let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
 
     let state = Arc::new(State {
-        client,
-        lookups: Lookups::default(),
+        lookups: Lookups::new(client),
         upstream_tls: tokio_rustls::TlsConnector::from(Arc::new(client_cfg)),
         upstream_address: args.upstream_address.clone(),
         metrics,
@@ -771,9 +779,8 @@ mod tests {
     async fn requests_at_the_same_time_share_one_read_and_the_next_reads_again() {
         let token = Arc::new(std::sync::Mutex::new("first"));
         let (client, seen) = api_server(Arc::clone(&token));
-        let lookups = Lookups::default();
-        let got =
-            futures::future::join_all((0..50).map(|_| lookups.get(&client, "ns1", "e"))).await;
+        let lookups = Lookups::new(client);
+        let got = futures::future::join_all((0..50).map(|_| lookups.get("ns1", "e"))).await;
         assert_eq!(
             seen.load(std::sync::atomic::Ordering::SeqCst),
             2,
@@ -786,10 +793,10 @@ mod tests {
         }
         // Nothing is kept: a changed token is what the next request is checked against.
         *token.lock().unwrap() = "second";
-        let next = lookups.get(&client, "ns1", "e").await;
+        let next = lookups.get("ns1", "e").await;
         assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 4);
         assert!(matches!(next, Lookup::Found { ref token, .. } if token == b"second"));
-        assert!(lookups.0.lock().unwrap().is_empty());
+        assert!(lookups.pending.lock().unwrap().is_empty());
     }
 
     #[test]
