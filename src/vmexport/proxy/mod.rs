@@ -409,7 +409,6 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let Ok(out) = out.body(body) else {
         return text(StatusCode::BAD_REQUEST, "bad request\n");
     };
-    let mut conn_done = false;
     let (mut sender, conn) = match hyper::client::conn::http1::Builder::new()
         .max_buf_size(UPSTREAM_READ_BUF)
         .handshake(TokioIo::new(upstream))
@@ -424,6 +423,7 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     // The upstream connection is driven by whoever waits on it: here until the response
     // headers are in, then by the response body (`Relay`), in the client connection's task.
     let mut conn = Box::pin(conn);
+    let mut conn_done = false;
     let sent = {
         let send = sender.send_request(out);
         tokio::pin!(send);
@@ -470,18 +470,28 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         _slot: slot,
     };
     let bytes = state.metrics.bytes.clone();
-    let body = Relay {
+    let relay = Relay {
         conn: (!conn_done).then_some(conn),
         body,
-    }
-    .map_frame(move |f| {
-        let _hold = &active;
-        if let Some(d) = f.data_ref() {
-            bytes.inc_by(d.len() as u64);
-        }
-        f
-    })
-    .boxed_unsync();
+    };
+    // A core to spare: this transfer reads ahead in a task of its own (docs/vmexport.md,
+    // "Export proxy").
+    let spare = usize::try_from(state.metrics.active.get())
+        .is_ok_and(|n| n <= tokio::runtime::Handle::current().metrics().num_workers());
+    let body: Body = if spare {
+        read_ahead(relay).boxed_unsync()
+    } else {
+        relay.boxed_unsync()
+    };
+    let body = body
+        .map_frame(move |f| {
+            let _hold = &active;
+            if let Some(d) = f.data_ref() {
+                bytes.inc_by(d.len() as u64);
+            }
+            f
+        })
+        .boxed_unsync();
     Response::from_parts(parts, body)
 }
 
@@ -577,12 +587,13 @@ type Upstream = hyper::client::conn::http1::Connection<
 >;
 
 /// A response body that also drives its upstream connection: each time the client's connection
-/// asks for the next frame, the export server's socket is read, in the same task (docs/vmexport.md,
-/// "Export proxy"). No task of its own for the upstream connection and no hand-off between
-/// tasks per frame: with many transfers at once the two TLS hops of one transfer cost about what
-/// nginx's event loop pays; the sockets' kernel buffers keep the two hops overlapping. When the upstream connection fails,
-/// hyper ends the body with an error, so a cut download never looks complete; a client that
-/// goes away drops the body and with it the upstream connection.
+/// asks for the next frame, the export server's socket is read, in the same task
+/// (docs/vmexport.md, "Export proxy"). No task of its own for the upstream connection and no
+/// hand-off between tasks per frame: with many transfers at once the two TLS hops of one
+/// transfer cost about what nginx's event loop pays; the sockets' kernel buffers keep the two
+/// hops overlapping. When the upstream connection fails, hyper ends the body with an error, so
+/// a cut download never looks complete; a client that goes away drops the body and with it the
+/// upstream connection.
 struct Relay {
     conn: Option<std::pin::Pin<Box<Upstream>>>,
     body: Incoming,
@@ -616,7 +627,40 @@ impl hyper::body::Body for Relay {
     }
 }
 
+/// A transfer that starts while the proxy has a core to spare (no more transfers than worker
+/// threads) reads the export server in a task of its own, up to [`READ_AHEAD`] frames ahead of
+/// the client: the two TLS hops of that transfer then run on two cores at once, which a single
+/// download needs to keep up with nginx. Under load every core is busy anyway and the hand-off
+/// per frame would only cost CPU, so later transfers are driven in the client's task. An
+/// upstream error is passed on as an error frame; a client that goes away stops the reading.
+fn read_ahead(mut relay: Relay) -> http_body_util::StreamBody<ReadAhead> {
+    let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
+    tokio::spawn(async move {
+        while let Some(f) = relay.frame().await {
+            let end = f.is_err();
+            if tx.send(f).await.is_err() || end {
+                break;
+            }
+        }
+    });
+    http_body_util::StreamBody::new(ReadAhead(rx))
+}
+
+const READ_AHEAD: usize = 8;
 const UPSTREAM_READ_BUF: usize = 32 * 1024;
+
+struct ReadAhead(tokio::sync::mpsc::Receiver<Result<hyper::body::Frame<Bytes>, hyper::Error>>);
+
+impl futures::Stream for ReadAhead {
+    type Item = Result<hyper::body::Frame<Bytes>, hyper::Error>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
 
 async fn connect(
     state: &State,
@@ -889,11 +933,12 @@ mod tests {
         });
 
         let (client, _) = api_server(Arc::new(std::sync::Mutex::new("t0ken")));
+        let metrics = Metrics::new(&Registry::new()).unwrap();
         let state = Arc::new(State {
             lookups: Lookups::new(client),
             upstream_tls: upstream_tls(&ca.cert).unwrap(),
             upstream_address: Some(upstream_addr),
-            metrics: Metrics::new(&Registry::new()).unwrap(),
+            metrics: metrics.clone(),
             admission: Admission::new(0, Duration::from_secs(1)),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -939,5 +984,13 @@ mod tests {
         };
         assert_eq!(get("/whole").await.unwrap(), 1000);
         assert!(get("/cut").await.is_err(), "a cut download looked complete");
+        // Neither is still counted as a transfer in flight (nor holds a slot).
+        for _ in 0..250 {
+            if metrics.active.get() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(metrics.active.get(), 0, "transfers left in flight");
     }
 }
