@@ -903,7 +903,8 @@ mod tests {
             crate::vmexport::certs::issue_serving(&ca, "virt-export-e", "ns1", now, hour).unwrap();
         let own = crate::vmexport::certs::issue_serving(&ca, SERVICE, "ns1", now, hour).unwrap();
 
-        // The export server promises 1,000 bytes; for `/cut` it sends 500 and closes.
+        // The export server promises 1,000 bytes; for `/cut` it sends 500 and closes, for
+        // `/hold` it sends 500 and waits.
         let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let upstream_addr = upstream.local_addr().unwrap().to_string();
         let up_tls =
@@ -924,6 +925,10 @@ mod tests {
                         .await
                         .unwrap();
                     s.write_all(&[7; 500]).await.unwrap();
+                    if req.starts_with(b"GET /hold ") {
+                        // Stays in flight until the test is over.
+                        std::future::pending::<()>().await;
+                    }
                     if !cut {
                         s.write_all(&[7; 500]).await.unwrap();
                     }
@@ -959,7 +964,7 @@ mod tests {
         ));
 
         let client_tls = upstream_tls(&ca.cert).unwrap();
-        let get = |rest: &'static str| {
+        let open = |rest: &'static str| {
             let client_tls = client_tls.clone();
             async move {
                 let tcp = tokio::net::TcpStream::connect(proxy_addr).await.unwrap();
@@ -976,15 +981,26 @@ mod tests {
                 .header(TOKEN_HEADER, "t0ken")
                 .body(http_body_util::Empty::<Bytes>::new())
                 .unwrap();
-                // A cut may come before or after the response headers reach the client.
-                let resp = send.send_request(req).await?;
-                assert_eq!(resp.status(), StatusCode::OK);
-                resp.into_body().collect().await.map(|b| b.to_bytes().len())
+                send.send_request(req).await
             }
         };
+        let get = |rest: &'static str| async move {
+            // A cut may come before or after the response headers reach the client.
+            let resp = open(rest).await?;
+            assert_eq!(resp.status(), StatusCode::OK);
+            resp.into_body().collect().await.map(|b| b.to_bytes().len())
+        };
+        // Nothing else in flight: each transfer reads ahead in a task of its own.
         assert_eq!(get("/whole").await.unwrap(), 1000);
         assert!(get("/cut").await.is_err(), "a cut download looked complete");
-        // Neither is still counted as a transfer in flight (nor holds a slot).
+        // One transfer held open fills this runtime's one worker: the next ones are relayed in
+        // their client connection's task.
+        let held = open("/hold").await.unwrap();
+        assert_eq!(held.status(), StatusCode::OK);
+        assert_eq!(get("/whole").await.unwrap(), 1000);
+        assert!(get("/cut").await.is_err(), "a cut download looked complete");
+        drop(held);
+        // None is still counted as a transfer in flight (nor holds a slot).
         for _ in 0..250 {
             if metrics.active.get() == 0 {
                 break;
