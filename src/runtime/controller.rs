@@ -259,8 +259,9 @@ pub fn conflict_delay() -> Duration {
 impl Runtime {
     /// A Controller on the primary kind `K` with ucm's stream, concurrency, leadership and
     /// shutdown wiring. `api` decides the scope (see [`Runtime::watched`]). Add `.owns(..)` or
-    /// `.watches(..)` and pass it to [`run`]. `index`, when given, is kept from the primary watch's events, each after the store applied
-    /// it, for mappers that look up primaries by a key.
+    /// `.watches(..)` and pass it to [`run`]. `index`, when given, is kept from the primary
+    /// watch's events, each after the store applied it, for mappers that look up primaries by
+    /// a key.
     pub fn controller<K>(
         &self,
         name: &'static str,

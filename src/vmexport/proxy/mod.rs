@@ -422,21 +422,16 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     };
     // The upstream connection is driven by whoever waits on it: here until the response
     // headers are in, then by the response body (`Relay`), in the client connection's task.
-    let mut conn = Box::pin(conn);
-    let mut conn_done = false;
-    let sent = {
-        let send = sender.send_request(out);
-        tokio::pin!(send);
-        loop {
-            tokio::select! {
-                r = &mut send => break r,
-                r = conn.as_mut(), if !conn_done => {
-                    conn_done = true;
-                    if let Err(e) = r {
-                        tracing::debug!(error = %e, "upstream connection ended with an error");
-                    }
-                }
-            }
+    let mut conn = Some(Box::pin(conn));
+    let send = sender.send_request(out);
+    tokio::pin!(send);
+    let sent = tokio::select! {
+        r = &mut send => r,
+        // A connection that ended first fails the request too.
+        r = conn.as_mut().expect("set above") => {
+            upstream_ended(r);
+            conn = None;
+            send.await
         }
     };
     let resp = match sent {
@@ -470,10 +465,7 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         _slot: slot,
     };
     let bytes = state.metrics.bytes.clone();
-    let relay = Relay {
-        conn: (!conn_done).then_some(conn),
-        body,
-    };
+    let relay = Relay { conn, body };
     // A core to spare: this transfer reads ahead in a task of its own (docs/vmexport.md,
     // "Export proxy").
     let spare = usize::try_from(state.metrics.active.get())
@@ -610,9 +602,7 @@ impl hyper::body::Body for Relay {
         if let Some(c) = self.conn.as_mut()
             && let std::task::Poll::Ready(r) = c.as_mut().poll(cx)
         {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
+            upstream_ended(r);
             self.conn = None;
         }
         std::pin::Pin::new(&mut self.body).poll_frame(cx)
@@ -624,6 +614,12 @@ impl hyper::body::Body for Relay {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+fn upstream_ended(r: hyper::Result<()>) {
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "upstream connection ended with an error");
     }
 }
 
