@@ -3,9 +3,11 @@
 //! `300,3000`), each against a bare client doing the minimal writes the feature must make per
 //! object, on a fresh control plane of the same kind, at the same concurrency (8).
 //!
-//! Per size and run:
-//! 1. References on a fresh control plane, no ucm process: for each object, 8 objects at a time,
-//!    the writes below in their causal order, timed until a watch has seen every final status.
+//! Per size and run, each feature, reference and ucm alike, on a fresh control plane of its own
+//! (so an export step never runs on the objects a snapshot step left); on an export plane,
+//! `WARM` exports first, not timed:
+//! 1. References, no ucm process: for each object, 8 objects at a time, the writes below in their
+//!    causal order, timed until a watch has seen every final status.
 //!    - MiroirSnapshot (10 requests): create; the manager's teardown finalizers, open and
 //!      publish; each of three agents' `Suspended` and `Done` slot writes (the three agents'
 //!      writes of one step in parallel). These are ucm's own fenced patch bodies
@@ -14,9 +16,9 @@
 //!    - VirtualMachineExport (7 requests): create; its Service, token Secret, serving-certificate
 //!      Secret and Pod; the kubelet's Pod status (the bench's kubelet does the same for ucm); one
 //!      final status patch.
-//! 2. ucm on another fresh control plane: the manager at the shipped defaults, three
-//!    `ucm snapshot-agent` processes (fake barrier) and one volume per snapshot; the same
-//!    objects created 8 at a time, timed until a watch has seen every final status.
+//! 2. ucm: the manager at the shipped defaults; for snapshots also three `ucm snapshot-agent`
+//!    processes (fake barrier) and one volume per snapshot; the same objects created 8 at a time,
+//!    timed until a watch has seen every final status.
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,10 @@ use crate::report::{Figure, median};
 use crate::steps::{LABEL, Samples, WAIT, bd_insert, obj, reference_status, timed};
 
 const PHASE: &str = "scale";
+/// Exports made on each export plane before the timed step, and not counted: a fresh plane's
+/// first seconds cost more (its controllers start, its caches fill), and the N = 300 step lasts
+/// only a few seconds, so without them the small size measured the plane's start-up.
+const WARM: usize = 100;
 const NS: &str = "bench";
 
 fn sizes(ctx: &Ctx) -> Vec<usize> {
@@ -58,6 +64,20 @@ fn sizes(ctx: &Ctx) -> Vec<usize> {
                 .map(|x| ((x * ctx.scale_factor).round() as usize).max(1))
                 .collect()
         })
+}
+
+/// A fresh control plane in `dir/cp-<what>` with the bench namespace and the manager at the
+/// shipped defaults, ready.
+async fn ucm_plane(dir: &std::path::Path, what: &str) -> (Plane, Proc) {
+    let p = Plane::start(&dir.join(format!("cp-{what}"))).await;
+    create_namespace(&p.admin, NS).await;
+    let mut m = Proc::manager(
+        &p.manager_kubeconfig,
+        dir.join(format!("manager-{what}.log")),
+        &manager_args(),
+    );
+    m.wait_ready(Duration::from_secs(120)).await;
+    (p, m)
 }
 
 /// Runs `per_object` for every index, `CONCURRENCY` at a time; returns the seconds until a
@@ -230,9 +250,9 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             let run = format!("r{r}n{n}");
             let key = |k: &str| -> &'static str { Box::leak(format!("{k}.{n}").into_boxed_str()) };
 
-            // 1. The references.
+            // 1. The references, each feature on a fresh control plane of its own.
             {
-                let p = Plane::start(&dir.join("cp-ref")).await;
+                let p = Plane::start(&dir.join("cp-ref-snap")).await;
                 let c = p.admin.clone();
                 create_namespace(&c, NS).await;
                 let tracker = track(
@@ -248,10 +268,27 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
                 .await;
                 s.push(key("ref.snapshots.rate"), n as f64 / t);
                 s.push(key("ref.snapshots.api_cpu"), cpu * 1000.0 / n as f64);
+            }
+            {
+                let p = Plane::start(&dir.join("cp-ref-vmx")).await;
+                let c = p.admin.clone();
+                create_namespace(&c, NS).await;
                 create_all(
                     &Api::<PersistentVolumeClaim>::namespaced(c.clone(), NS),
-                    (0..n).map(|i| pvc(&format!("pvc-{i:05}"))).collect(),
+                    (0..n + WARM).map(|i| pvc(&format!("pvc-{i:05}"))).collect(),
                 )
+                .await;
+                let warm_run = format!("{run}w");
+                let tracker = track(
+                    Api::<VirtualMachineExport>::namespaced(c.clone(), NS),
+                    watcher::Config::default().labels(&format!("{LABEL}={warm_run}")),
+                    WARM,
+                    vmx_done,
+                );
+                reference_run(&p, tracker, WARM, "warm-up exports", |i| {
+                    let (c, run) = (c.clone(), warm_run.clone());
+                    async move { reference_export(&c, n + i, &run).await }
+                })
                 .await;
                 let tracker = track(
                     Api::<VirtualMachineExport>::namespaced(c.clone(), NS),
@@ -268,16 +305,10 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
                 s.push(key("ref.vmexports.api_cpu"), cpu * 1000.0 / n as f64);
             }
 
-            // 2. ucm.
-            let p = Plane::start(&dir.join("cp")).await;
+            // 2. ucm, each feature on a fresh control plane of its own as its reference is, so
+            // that neither step runs on the objects the other left.
+            let (p, mut m) = ucm_plane(&dir, "snap").await;
             let c = p.admin.clone();
-            create_namespace(&c, NS).await;
-            let mut m = Proc::manager(
-                &p.manager_kubeconfig,
-                dir.join("manager.log"),
-                &manager_args(),
-            );
-            m.wait_ready(Duration::from_secs(120)).await;
             let agents = start_agents(&p, &dir, &run, n);
             crate::procs::wait_agent_leases(&c, &NODES).await;
             let volumes: Api<MiroirVolume> = Api::all(c.clone());
@@ -330,14 +361,32 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             notes.push((key("snapshots.top"), st.manager.top(8)));
             bd_insert(&mut Default::default(), "snapshots", st.manager.top(8));
             drop(agents);
+            m.stop("TERM");
+            drop(p);
 
+            let (p, mut m) = ucm_plane(&dir, "vmx").await;
+            let c = p.admin.clone();
             create_all(
                 &Api::<PersistentVolumeClaim>::namespaced(c.clone(), NS),
-                (0..n).map(|i| pvc(&format!("pvc-{i:05}"))).collect(),
+                (0..n + WARM).map(|i| pvc(&format!("pvc-{i:05}"))).collect(),
             )
             .await;
             crate::steps::manager_quiet(&p).await;
             let kubelet = kubelet(c.clone(), NS.to_string());
+            let warm_run = format!("{run}w");
+            timed(
+                &p,
+                &m,
+                Api::<VirtualMachineExport>::namespaced(c.clone(), NS),
+                (n..n + WARM)
+                    .map(|i| vmexport(&format!("vmx-{i:05}"), &format!("pvc-{i:05}"), &warm_run))
+                    .collect(),
+                vmx_done,
+                &warm_run,
+                "warm-up VirtualMachineExports",
+            )
+            .await;
+            crate::steps::manager_quiet(&p).await;
             let st = timed(
                 &p,
                 &m,
