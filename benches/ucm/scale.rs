@@ -20,6 +20,7 @@
 //!    processes (fake barrier) and one volume per snapshot; the same objects created 8 at a time,
 //!    timed until a watch has seen every final status.
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -40,7 +41,7 @@ use crate::cluster::Plane;
 use crate::kube_util::{CONCURRENCY, create_all, create_namespace, track};
 use crate::procs::{Proc, cpu_secs};
 use crate::report::{Figure, median};
-use crate::steps::{LABEL, Samples, WAIT, bd_insert, obj, reference_status, timed};
+use crate::steps::{LABEL, Samples, Step, WAIT, bd_insert, obj, reference_status, timed};
 
 const PHASE: &str = "scale";
 /// Exports made on each export plane before the timed step, and not counted: a fresh plane's
@@ -100,6 +101,32 @@ where
         .await;
     let t1 = tracker.wait(what, WAIT).await;
     ((t1 - t0).as_secs_f64(), cpu_secs(p.apiserver_pid) - cpu0)
+}
+
+/// Reference exports of the PVCs numbered `ids`, labelled `run`: (seconds, API-server CPU
+/// seconds) as [`reference_run`].
+async fn reference_exports(p: &Plane, ids: Range<usize>, run: &str, what: &str) -> (f64, f64) {
+    let c = &p.admin;
+    let tracker = track(
+        Api::<VirtualMachineExport>::namespaced(c.clone(), NS),
+        watcher::Config::default().labels(&format!("{LABEL}={run}")),
+        ids.len(),
+        vmx_done,
+    );
+    reference_run(p, tracker, ids.len(), what, |i| {
+        let (c, run) = (c.clone(), run.to_string());
+        async move { reference_export(&c, ids.start + i, &run).await }
+    })
+    .await
+}
+
+/// ucm's exports of the PVCs numbered `ids`, labelled `run`, timed as [`timed`].
+async fn ucm_exports(p: &Plane, m: &Proc, ids: Range<usize>, run: &str, what: &str) -> Step {
+    let exports = ids
+        .map(|i| vmexport(&format!("vmx-{i:05}"), &format!("pvc-{i:05}"), run))
+        .collect();
+    let api = Api::<VirtualMachineExport>::namespaced(p.admin.clone(), NS);
+    timed(p, m, api, exports, vmx_done, run, what).await
 }
 
 fn json_patch(v: serde_json::Value) -> Patch<()> {
@@ -278,29 +305,8 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
                     (0..n + WARM).map(|i| pvc(&format!("pvc-{i:05}"))).collect(),
                 )
                 .await;
-                let warm_run = format!("{run}w");
-                let tracker = track(
-                    Api::<VirtualMachineExport>::namespaced(c.clone(), NS),
-                    watcher::Config::default().labels(&format!("{LABEL}={warm_run}")),
-                    WARM,
-                    vmx_done,
-                );
-                reference_run(&p, tracker, WARM, "warm-up exports", |i| {
-                    let (c, run) = (c.clone(), warm_run.clone());
-                    async move { reference_export(&c, n + i, &run).await }
-                })
-                .await;
-                let tracker = track(
-                    Api::<VirtualMachineExport>::namespaced(c.clone(), NS),
-                    watcher::Config::default().labels(&format!("{LABEL}={run}")),
-                    n,
-                    vmx_done,
-                );
-                let (t, cpu) = reference_run(&p, tracker, n, "reference exports", |i| {
-                    let (c, run) = (c.clone(), run.clone());
-                    async move { reference_export(&c, i, &run).await }
-                })
-                .await;
+                reference_exports(&p, n..n + WARM, &format!("{run}w"), "warm-up exports").await;
+                let (t, cpu) = reference_exports(&p, 0..n, &run, "reference exports").await;
                 s.push(key("ref.vmexports.rate"), n as f64 / t);
                 s.push(key("ref.vmexports.api_cpu"), cpu * 1000.0 / n as f64);
             }
@@ -373,32 +379,10 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             .await;
             crate::steps::manager_quiet(&p).await;
             let kubelet = kubelet(c.clone(), NS.to_string());
-            let warm_run = format!("{run}w");
-            timed(
-                &p,
-                &m,
-                Api::<VirtualMachineExport>::namespaced(c.clone(), NS),
-                (n..n + WARM)
-                    .map(|i| vmexport(&format!("vmx-{i:05}"), &format!("pvc-{i:05}"), &warm_run))
-                    .collect(),
-                vmx_done,
-                &warm_run,
-                "warm-up VirtualMachineExports",
-            )
-            .await;
+            let warm = format!("{run}w");
+            ucm_exports(&p, &m, n..n + WARM, &warm, "warm-up VirtualMachineExports").await;
             crate::steps::manager_quiet(&p).await;
-            let st = timed(
-                &p,
-                &m,
-                Api::<VirtualMachineExport>::namespaced(c.clone(), NS),
-                (0..n)
-                    .map(|i| vmexport(&format!("vmx-{i:05}"), &format!("pvc-{i:05}"), &run))
-                    .collect(),
-                vmx_done,
-                &run,
-                "VirtualMachineExports",
-            )
-            .await;
+            let st = ucm_exports(&p, &m, 0..n, &run, "VirtualMachineExports").await;
             kubelet.abort();
             s.push(key("vmexports.rate"), n as f64 / st.secs);
             s.push(

@@ -422,16 +422,15 @@ async fn forward(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     };
     // The upstream connection is driven by whoever waits on it: here until the response
     // headers are in, then by the response body (`Relay`), in the client connection's task.
-    let mut conn = Some(Box::pin(conn));
+    let mut conn = Box::pin(conn);
     let send = sender.send_request(out);
     tokio::pin!(send);
-    let sent = tokio::select! {
-        r = &mut send => r,
+    let (sent, conn) = tokio::select! {
+        r = &mut send => (r, Some(conn)),
         // A connection that ended first fails the request too.
-        r = conn.as_mut().expect("set above") => {
+        r = conn.as_mut() => {
             upstream_ended(r);
-            conn = None;
-            send.await
+            (send.await, None)
         }
     };
     let resp = match sent {
@@ -629,7 +628,11 @@ fn upstream_ended(r: hyper::Result<()>) {
 /// download needs to keep up with nginx. Under load every core is busy anyway and the hand-off
 /// per frame would only cost CPU, so later transfers are driven in the client's task. An
 /// upstream error is passed on as an error frame; a client that goes away stops the reading.
-fn read_ahead(mut relay: Relay) -> http_body_util::StreamBody<ReadAhead> {
+fn read_ahead(
+    mut relay: Relay,
+) -> http_body_util::StreamBody<
+    tokio_stream::wrappers::ReceiverStream<Result<hyper::body::Frame<Bytes>, hyper::Error>>,
+> {
     let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
     tokio::spawn(async move {
         while let Some(f) = relay.frame().await {
@@ -639,24 +642,11 @@ fn read_ahead(mut relay: Relay) -> http_body_util::StreamBody<ReadAhead> {
             }
         }
     });
-    http_body_util::StreamBody::new(ReadAhead(rx))
+    http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 const READ_AHEAD: usize = 8;
 const UPSTREAM_READ_BUF: usize = 32 * 1024;
-
-struct ReadAhead(tokio::sync::mpsc::Receiver<Result<hyper::body::Frame<Bytes>, hyper::Error>>);
-
-impl futures::Stream for ReadAhead {
-    type Item = Result<hyper::body::Frame<Bytes>, hyper::Error>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx)
-    }
-}
 
 async fn connect(
     state: &State,
