@@ -50,12 +50,12 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Erro
 
     // The assignment reads caches only. Each is fed by a watch that also triggers
     // this controller, so a change a pending lease waits for always brings a pass that sees it.
-    let exporters = Caches::in_namespace(&ctx.caches.exporters, &ns);
     let mut assignment = None;
     // The waiting leases behind this one, whose shown position changes when it enters or
     // leaves the queue.
     let mut wake: Vec<String> = Vec::new();
     if !status.ended && status.exporter_ref_name().is_none() {
+        let exporters = Caches::in_namespace(&ctx.caches.exporters, &ns);
         let exporter_refs = readable(&exporters);
         let policies = Caches::in_namespace(&ctx.caches.policies, &ns);
         let policy_refs = readable(&policies);
@@ -242,11 +242,10 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Erro
         labels.insert(ENDED_LABEL.into(), ENDED_VALUE.into());
     }
     let mut owners = lease.metadata.owner_references.clone().unwrap_or_default();
+    // One lookup, not a scan of the namespace: most passes are of leases assigned already.
     if let Some(exporter_name) = out.status.exporter_ref_name()
-        && let Some(exporter) = exporters
-            .iter()
-            .filter_map(|g| g.0.as_ref().ok())
-            .find(|e| e.metadata.name.as_deref() == Some(exporter_name))
+        && let Some(exporter) = Caches::get(&ctx.caches.exporters, &ns, exporter_name)
+        && let Ok(exporter) = exporter.0.as_ref()
         && let Some(owner) = controller_ref(exporter)
         && !controlled_by(&lease.metadata, &owner.uid)
     {

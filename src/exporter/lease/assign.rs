@@ -258,6 +258,13 @@ fn decide_inner(inp: &AssignInputs<'_>, behind: &mut Vec<String>) -> Assignment 
             };
         }
         vec![exporter]
+    } else if let Some(enabled) = inp
+        .queue
+        .and_then(|q| q.field.matching(lease))
+        .filter(|m| !m.is_empty())
+    {
+        // The queue scanned every exporter for this selection already (same snapshot).
+        enabled.to_vec()
     } else {
         let listed: Vec<&Exporter> = inp
             .exporters
@@ -354,10 +361,10 @@ fn queue_tail(
     let now = inp.now;
     // One entry per exporter: its best approval (the order puts non-spot, then higher
     // priority, first).
-    let mut seen = std::collections::BTreeSet::new();
+    let mut seen = std::collections::HashSet::new();
     let ordered: Vec<Approved<'_>> = ordered
         .into_iter()
-        .filter(|a| seen.insert(a.name().to_string()))
+        .filter(|a| seen.insert(name_of(a.exporter)))
         .collect();
     let first = ordered[0].name().to_string();
     let priority = approved.iter().map(|a| a.priority).max().unwrap_or(0);
@@ -765,14 +772,16 @@ fn policy_problems(policies: &[&ExporterAccessPolicy]) -> Vec<String> {
 }
 
 /// Attach each candidate's active lease (its spot flag), the last one in list order as upstream.
+/// One pass over the leases, not one per candidate: a pass runs under the ledger's lock.
 fn attach_existing<'a>(mut approved: Vec<Approved<'a>>, active: &[&Lease]) -> Vec<Approved<'a>> {
-    for a in &mut approved {
-        for lease in active {
-            let status = lease.status.as_ref();
-            if status.is_some_and(|s| !s.ended && s.exporter_ref_name() == Some(a.name())) {
-                a.existing_spot = Some(status.and_then(|s| s.spot_access).unwrap_or(false));
-            }
+    let mut held: std::collections::HashMap<&str, bool> = std::collections::HashMap::new();
+    for status in active.iter().filter_map(|l| l.status.as_ref()) {
+        if let Some(exporter) = status.exporter_ref_name().filter(|_| !status.ended) {
+            held.insert(exporter, status.spot_access.unwrap_or(false));
         }
+    }
+    for a in &mut approved {
+        a.existing_spot = held.get(a.name()).copied();
     }
     approved
 }

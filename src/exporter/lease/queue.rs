@@ -95,6 +95,17 @@ pub struct Booking {
 pub struct Field<'a> {
     pub waiting: Vec<Contender<'a>>,
     pub bookings: Vec<Booking>,
+    /// The exporters each distinct selection picks ([`assign::matching`]), by [`select_key`]:
+    /// the decision of a lease in the field reuses its scan of every exporter.
+    selected: HashMap<String, Option<Vec<&'a Exporter>>>,
+}
+
+impl<'a> Field<'a> {
+    /// [`assign::matching`] of `lease` as this field computed it; None when the lease is not in
+    /// the field (not waiting) or selects nothing it can use.
+    pub fn matching(&self, lease: &Lease) -> Option<&[&'a Exporter]> {
+        self.selected.get(&select_key(lease))?.as_deref()
+    }
 }
 
 /// Whether `lease` waits for an exporter now: not ended, not released, not assigned, not
@@ -173,7 +184,7 @@ pub fn duration_of(lease: &Lease) -> Option<SignedDuration> {
 /// The waiting leases and bookings among `leases` (the namespace's active leases), each with
 /// its priority and candidates. `client` looks a Client up by name (only read with policies).
 pub fn waiting<'a, 'c>(
-    exporters: &[&Exporter],
+    exporters: &[&'a Exporter],
     leases: &[&'a Lease],
     policies: &[&ExporterAccessPolicy],
     client: &dyn Fn(&str) -> Option<&'c Client>,
@@ -181,7 +192,7 @@ pub fn waiting<'a, 'c>(
 ) -> Field<'a> {
     let mut memo: HashMap<String, Option<Asked>> = HashMap::new();
     // Leases that select the same share the scan of every exporter, whatever their Client.
-    let mut selected: HashMap<String, Option<Vec<&Exporter>>> = HashMap::new();
+    let mut selected: HashMap<String, Option<Vec<&'a Exporter>>> = HashMap::new();
     let mut field = Field::default();
     for lease in leases.iter().copied() {
         if !is_open(lease) {
@@ -219,6 +230,7 @@ pub fn waiting<'a, 'c>(
         }
     }
     field.waiting.sort_by(|a, b| a.key.cmp(&b.key));
+    field.selected = selected;
     field
 }
 
@@ -228,12 +240,7 @@ type Asked = (i64, Arc<BTreeSet<String>>);
 /// What decides the exporters a lease selects, and what decides its candidates: leases that ask
 /// the same share them.
 fn ask_key(lease: &Lease, policies: bool) -> (String, String) {
-    let select = format!(
-        "{}\u{0}{}\u{0}{}",
-        lease.spec.exporter_ref_name().unwrap_or_default(),
-        selector::format(&lease.spec.selector),
-        lease.spec.allow_disabled == Some(true),
-    );
+    let select = select_key(lease);
     let mut key = select.clone();
     if policies {
         key.push('\u{0}');
@@ -245,6 +252,16 @@ fn ask_key(lease: &Lease, policies: bool) -> (String, String) {
         }
     }
     (select, key)
+}
+
+/// What decides the exporters a lease selects ([`assign::matching`]).
+fn select_key(lease: &Lease) -> String {
+    format!(
+        "{}\u{0}{}\u{0}{}",
+        lease.spec.exporter_ref_name().unwrap_or_default(),
+        selector::format(&lease.spec.selector),
+        lease.spec.allow_disabled == Some(true),
+    )
 }
 
 /// Where one lease stands in its queue.

@@ -80,7 +80,7 @@ fn names(field: &Field<'_>) -> Vec<String> {
     field.waiting.iter().map(|c| c.key.name.clone()).collect()
 }
 
-fn field_of<'a>(exporters: &[&Exporter], leases: &[&'a Lease]) -> Field<'a> {
+fn field_of<'a>(exporters: &[&'a Exporter], leases: &[&'a Lease]) -> Field<'a> {
     waiting(exporters, leases, &[], &|_| None, ts(NOW))
 }
 
