@@ -138,10 +138,15 @@ pub struct Results {
 }
 
 impl Results {
-    /// Replaces every figure of the phases in `fresh` (a partial rerun keeps the others).
+    /// Replaces every figure of the phases in `fresh` (a partial rerun keeps the others, and
+    /// adds its metadata, whose keys name its phases); a run that replaces every figure replaces
+    /// the metadata too, so no rerun's commit outlives the figures it was of.
     pub fn merge(mut self, fresh: Results) -> Results {
         let phases: Vec<&str> = fresh.figures.iter().map(|f| f.phase.as_str()).collect();
         self.figures.retain(|f| !phases.contains(&f.phase.as_str()));
+        if self.figures.is_empty() {
+            self.meta.clear();
+        }
         self.figures.extend(fresh.figures.iter().cloned());
         for (k, v) in fresh.meta {
             self.meta.insert(k, v);
