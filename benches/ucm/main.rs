@@ -273,9 +273,12 @@ async fn main() {
         let tag = only.join(", ");
         m = m
             .into_iter()
-            .map(|(k, v)| match k.starts_with("phase ") || k == "machine" {
-                true => (k, v),
-                false => (format!("{k} (rerun of {tag})"), v),
+            .map(|(k, v)| {
+                if k.starts_with("phase ") || k == "machine" {
+                    (k, v)
+                } else {
+                    (format!("{k} (rerun of {tag})"), v)
+                }
             })
             .collect();
     }
