@@ -140,7 +140,7 @@ pub struct Results {
 impl Results {
     /// Replaces every figure of the phases in `fresh` (a partial rerun keeps the others, and
     /// adds its metadata, whose keys name its phases); a run that replaces every figure replaces
-    /// the metadata too, so no rerun's commit outlives the figures it was of.
+    /// the metadata too. An earlier rerun's keys stay until then, beside a later rerun's.
     pub fn merge(mut self, fresh: Results) -> Results {
         let phases: Vec<&str> = fresh.figures.iter().map(|f| f.phase.as_str()).collect();
         self.figures.retain(|f| !phases.contains(&f.phase.as_str()));
