@@ -29,6 +29,38 @@ stage() {
   export stage_n
 }
 
+# stage_start NAME EXPECTED CMD...: a stage run in the background, its line printed now and its
+# result by stage_wait; one at a time (make run overlaps the Go programs with Cargo's build,
+# docs/operations.md, "make run").
+stage_start() {
+  local what=$1 expect=$2 slug
+  shift 2
+  stage_n=$((stage_n + 1))
+  slug=$(printf '%s' "$what" | tr -cs 'A-Za-z0-9' '-' | tr 'A-Z' 'a-z' | sed 's/^-//; s/-$//' | cut -c1-40)
+  mkdir -p .run/logs
+  bg_log=.run/logs/$(printf '%02d' "$stage_n")-$slug.log
+  bg_what=$what
+  bg_t0=$SECONDS
+  echo "==> $what ($expect): started, alongside the next stage"
+  (
+    set -e
+    "$@"
+  ) >"$bg_log" 2>&1 </dev/null &
+  bg_pid=$!
+}
+# stage_wait: waits for stage_start's stage; its line, or its log's tail and exit on failure.
+stage_wait() {
+  local rc=0
+  printf '==> %s ... ' "$bg_what"
+  wait "$bg_pid" || rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "FAILED after $((SECONDS - bg_t0))s (exit $rc); the last lines of $bg_log:"
+    tail -n 40 "$bg_log" | sed 's/^/    /'
+    exit $rc
+  fi
+  echo "done in $((SECONDS - bg_t0))s"
+}
+
 # jmp_configs DIR ENDPOINT CA_PEM CLIENT_TOKEN EXPORTER_TOKEN: the demo Client's and Exporter's
 # jmp configs (tokens: readable by the owner only). The CA verifies the controller at ENDPOINT
 # and the router the controller hands out (both serve certificates it issued or is).
@@ -60,7 +92,7 @@ YAML
   )
 }
 
-# jmp_commands DIR: the commands the banner prints, which `run-node.sh --check` runs unchanged.
+# jmp_commands DIR: the commands the banner prints, which `hack/demo/check.sh` runs unchanged.
 jmp_commands() {
   cat <<TXT
 cd $PWD

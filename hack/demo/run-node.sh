@@ -7,17 +7,13 @@
 # work from this host, a VirtualMachineExport of a provisioned PVC whose disk is downloaded
 # through the export Service and checked, and a MiroirSnapshot of a loopfile volume, cut by the
 # snapshot agent DaemonSet once it is pointed at a loopfile pool. Prints what to try, then
-# follows the manager's log (readable lines; the JSON in .run/manager.log.json); Ctrl-C brings
-# the node down.
-#
-# `run-node.sh --check` (`make node-e2e`): the same, then the printed jmp commands run unchanged
-# from this host, and the node comes down.
+# follows the manager's log (readable lines; the JSON in .run/manager.log.json); Ctrl-C (or
+# SIGTERM, SIGHUP, a dead reader of its output) brings the node down. `make node-e2e` checks
+# all of it as a user runs it (hack/demo/check.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . hack/demo/lib.sh
-check=0
-[ "${1:-}" = --check ] && check=1
 state=${UCM_NODE_DIR:-$root/.run/node}
 kubeconfig=$state/cluster/kubeconfig
 kubectl=(e2e/bin/kubectl --kubeconfig "$kubeconfig")
@@ -32,20 +28,35 @@ t0=$SECONDS
 follower=""
 
 down() {
-  trap - INT TERM EXIT
+  trap - INT TERM HUP PIPE EXIT
+  # The teardown must finish whatever became of our output: `make run | tee run.log` loses its
+  # reader on Ctrl-C (tee gets the SIGINT too) and a closed terminal fails every write, so a
+  # write here neither kills this shell (SIGPIPE ignored) nor stops it (no `set -e`).
+  trap '' PIPE
+  set +e
   if [ -n "$follower" ]; then
-    pkill -P "$follower" 2>/dev/null || true # its kubectl logs
-    kill "$follower" 2>/dev/null || true
+    pkill -P "$follower" 2>/dev/null # its kubectl logs
+    kill "$follower" 2>/dev/null
   fi
-  echo
-  echo "==> bringing the node down (about 15 s; log in .run/logs/node-down.log)"
-  hack/node/node.sh down >.run/logs/node-down.log 2>&1 || { tail -n 20 .run/logs/node-down.log; exit 1; }
+  { echo; echo "==> bringing the node down (about 15 s; log in .run/logs/node-down.log)"; } 2>/dev/null
+  if ! hack/node/node.sh down >.run/logs/node-down.log 2>&1; then
+    tail -n 20 .run/logs/node-down.log 2>/dev/null
+    exit 1
+  fi
 }
-# Ctrl-C is how a run ends: a clean exit. A failure keeps its status.
-trap 'down; exit 0' INT TERM
+# Ctrl-C (SIGINT), SIGTERM and a closed terminal (SIGHUP) end a run: a clean exit. A write to a
+# reader that died (SIGPIPE) ends it too. A failure keeps its status.
+trap 'down; exit 0' INT TERM HUP PIPE
 trap down EXIT
 mkdir -p .run/logs
 
+# A node a previous run left up (its teardown killed, or `make node`) is taken down first: a run
+# starts from a fresh cluster, and says so.
+if [ -e "/run/netns/${UCM_NODE_NAME:-ucm-node}" ] || [ -d "$state" ]; then
+  echo "==> a node from a previous run is still up: taking it down first (log in .run/logs/node-down-previous.log)"
+  hack/node/node.sh down >.run/logs/node-down-previous.log 2>&1 ||
+    { tail -n 20 .run/logs/node-down-previous.log; exit 1; }
+fi
 stage "Node up: control plane, containerd, kubelet, kube-proxy, CoreDNS, volume provisioner" "about 30 s" \
   hack/node/node.sh up
 
@@ -53,7 +64,6 @@ install_ucm() {
   # The controller's and router's certificate, with the names jmp dials from this host and from
   # Pods; the manager serves Secret ucm-exporter-grpc-tls when it exists (docs/exporter.md,
   # "Certificates"), so this one is created before the manager starts.
-  # (Applied, not created: the node may have been up already, from `make node`.)
   "${kubectl[@]}" create namespace ucm-system --dry-run=client -o yaml |
     "${kubectl[@]}" apply --server-side --field-manager=ucm-run -f -
   local tmp
@@ -148,14 +158,6 @@ stage "Demo: VirtualMachineExport demo-disk of a 16 MiB disk, downloaded and che
 stage "Demo: MiroirSnapshot demo-snap of loopfile volume demo-vol, cut and compared" "about 15 s" \
   demo_snapshot
 stage "jmp configs for this host" "a second" demo_jmp_configs
-
-if [ $check = 1 ]; then
-  stage "The printed jmp commands, run unchanged from this host" "about 20 s; the first time +3 min for the jmp venv" \
-    jmp_check "$jdir"
-  grep -h 'voltage=' .run/logs/*-the-printed-jmp-commands-*.log
-  echo "run-node: OK, every demo ready and the printed jmp commands worked from this host ($((SECONDS - t0))s)"
-  exit 0
-fi
 
 ip=$("${kubectl[@]}" -n ucm-system get pod -l app.kubernetes.io/component=manager \
   -o jsonpath='{.items[0].status.podIP}')

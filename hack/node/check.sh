@@ -19,23 +19,9 @@ fail() {
   exit 1
 }
 
-# Values that move on their own (counters, entropy, the last PID) are not state we could leave.
-volatile='^(fs\.(dentry-state|file-nr|inode-nr|inode-state|aio-nr|quota\.)|kernel\.(random\.|ns_last_pid|pty\.nr|sched_domain)|net\.netfilter\.nf_conntrack_count|vm\.(stat|nr_)|kernel\.(keys\.(gc_delay)|tainted))'
-snapshot() { # DIR
-  mkdir -p "$1"
-  sysctl -a 2>/dev/null | grep -Ev "$volatile" | sort >"$1/sysctl"
-  awk '{print $5}' /proc/self/mountinfo | sort >"$1/mounts"
-  ip netns list 2>/dev/null | awk '{print $1}' | sort >"$1/netns"
-  ip -o link | awk -F': ' '{print $2}' | sort >"$1/links"
-  find /sys/fs/cgroup -maxdepth 2 -type d | sort >"$1/cgroups"
-  ls /proc | grep -E '^[0-9]+$' | sort >"$1/pids"
-  # Where containerd, CNI and kubelet keep things by default (the node is configured not to).
-  { find /run/containerd /run/netns /var/lib/cni /var/lib/kubelet /var/lib/containerd /etc/cni \
-    /run/lvm /var/lib/drbd /run/ucm-snapshot-agent /var/log/pods /var/log/containers /var/lib/ucm-node-volumes /var/lib/miroir \
-    -maxdepth 3 2>/dev/null || true; } | sort >"$1/files"
-}
+. hack/node/hoststate.sh
 
-snapshot "$snap/before"
+host_snapshot "$snap/before"
 t0=$(date +%s.%N)
 hack/node/node.sh up
 t_up=$(date +%s.%N)
@@ -138,49 +124,9 @@ t_tests=$(date +%s.%N)
 
 hack/node/node.sh down
 t_down=$(date +%s.%N)
-snapshot "$snap/after"
-
+host_snapshot "$snap/after"
 status=0
-report() { # WHAT FILE FILTER
-  local new
-  new=$(comm -13 "$snap/before/$2" "$snap/after/$2" | grep -E "$3" || true)
-  if [ -n "$new" ]; then
-    echo "node-check: FAIL: $1 left behind:" >&2
-    echo "$new" | sed 's/^/  /' >&2
-    status=1
-  fi
-}
-changed=$(diff "$snap/before/sysctl" "$snap/after/sysctl" || true)
-[ -z "$changed" ] || {
-  echo "node-check: FAIL: sysctls changed:" >&2
-  echo "$changed" >&2
-  status=1
-}
-# Other developers share this machine: only what the node could have made counts.
-report "mounts" mounts "^$state/|^/run/netns/|^/run/containerd|/kubelet"
-report "network namespaces" netns "."
-report "links" links "^$name-h|^cni0|^veth"
-report "cgroups" cgroups "/$name\$|kubepods"
-# Processes: any new PID still alive whose cgroup or executable belongs to the node.
-for pid in $(comm -13 "$snap/before/pids" "$snap/after/pids"); do
-  [ -d "/proc/$pid" ] || continue
-  exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
-  # Only this worktree's binaries, the runtime's, or anything in the node's cgroup: other
-  # developers' control planes (their own e2e/bin/kharness) are not ours.
-  case "$exe" in
-  "$root"/e2e/bin/* | /usr/bin/containerd* | */runc | "$state"/*) leaked=1 ;;
-  *) if grep -qE ":/$name(/|\$)" "/proc/$pid/cgroup" 2>/dev/null; then leaked=1; else leaked=0; fi ;;
-  esac
-  if [ "$leaked" = 1 ]; then
-    echo "node-check: FAIL: process left behind: $pid $exe" >&2
-    status=1
-  fi
-done
-[ ! -e "$state" ] || {
-  echo "node-check: FAIL: $state still exists" >&2
-  status=1
-}
-report "files" files "."
+host_compare "$snap/before" "$snap/after" node-check || status=1
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1f", b - a}'; }
 echo "node-check: up $(elapsed "$t0" "$t_up")s, pod done +$(elapsed "$t_up" "$t_pod")s, manager Available +$(elapsed "$t_pod" "$t_mgr")s, add-ons checked +$(elapsed "$t_mgr" "$t_addons")s, node tests +$(elapsed "$t_addons" "$t_tests")s, down $(elapsed "$t_tests" "$t_down")s"
 [ $status -eq 0 ] && echo "node-check: OK, nothing left behind"
