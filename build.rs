@@ -27,7 +27,13 @@ const INPUTS: &[&str] = &["src", "Cargo.toml", "Cargo.lock", "build.rs"];
 /// every build invalidate the next (docs/architecture.md, "Build stamp").
 fn git_revision() -> Option<String> {
     let head = git(&["rev-parse", "--short", "HEAD"]).filter(|h| !h.is_empty())?;
-    let mut status = vec!["--no-optional-locks", "status", "--porcelain", "--untracked-files=no", "--"];
+    let mut status = vec![
+        "--no-optional-locks",
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+    ];
     status.extend(INPUTS);
     let dirty = git(&status).is_some_and(|s| !s.is_empty());
     Some(if dirty { format!("{head}-dirty") } else { head })
