@@ -49,7 +49,7 @@ if [[ ${1:-} != --inside ]]; then
     [[ " ${all_lanes[*]} " == *" $l "* ]] || { echo "unknown lane '$l'; lanes: ${all_lanes[*]}" >&2; exit 2; }
   done
   [ "$(id -u)" -eq 0 ] || { echo "make conformance needs root (namespaces, mounts, the dut-network lane)" >&2; exit 1; }
-  "$root/hack/host-deps.sh" conformance
+  "$root/hack/build/host-deps.sh" conformance
   src=${UCM_CONFORMANCE_SRC:-$(cd "$root/.." && pwd)/shared/conformance}
   ucm=${UCM:-${CARGO_TARGET_DIR:-$root/target}/debug/ucm}
   for f in "$root/e2e/bin/kharness" "$root/e2e/bin/kubectl" "$root/e2e/bin/dex" \

@@ -15,7 +15,7 @@ mkdir -p .run/logs
 echo "make run: stage logs in .run/logs/"
 if [ "$mode" = node ]; then
   stage "Debian packages if missing: buildah jq busybox-static containerd runc containernetworking-plugins iptables" \
-    "1–2 min when missing, else instant" hack/host-deps.sh image busybox node
+    "1–2 min when missing, else instant" hack/build/host-deps.sh image busybox node
   # A stage that fails stops the one running alongside it.
   trap '[ -z "${bg_pid:-}" ] || pkill -P "$bg_pid" 2>/dev/null || true' EXIT
   # The Go programs build alongside Cargo (each leaves cores idle in its link and codegen tails).
@@ -32,9 +32,9 @@ if [ "$mode" = node ]; then
   else
     expect="7–19 min cold on 2 cores; seconds when unchanged"
   fi
-  stage "The ucm image: $profile build and buildah" "$expect" env UCM_IMAGE_PROFILE="$profile" hack/image.sh
+  stage "The ucm image: $profile build and buildah" "$expect" env UCM_IMAGE_PROFILE="$profile" hack/build/image.sh
   stage_wait
-  stage "The node's images: pause, CoreDNS, local-path provisioner, busybox" "10–20 s" hack/image.sh node
+  stage "The node's images: pause, CoreDNS, local-path provisioner, busybox" "10–20 s" hack/build/image.sh node
   exec hack/demo/run-node.sh
 fi
 [ "$mode" = local ] || echo "make run: not root, so no local node (it needs network namespaces, mounts and cgroups); running the manager as a local process, as make run LOCAL=1 does"

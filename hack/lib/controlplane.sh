@@ -1,5 +1,5 @@
-# Sourced, not run: the local control plane the e2e suite (hack/e2e.sh) and the soak
-# (hack/soak.sh) run against.
+# Sourced, not run: the local control plane the e2e suite (hack/test/e2e.sh) and the soak
+# (hack/test/soak.sh) run against.
 #
 # controlplane_up NAME starts `e2e/bin/kharness serve --with-kcm --rm-dir` in a fresh
 # /tmp/NAME-XXXXXX directory, stops it and removes the directory when the calling script exits
