@@ -214,6 +214,6 @@ fuzz:
 
 # Reliability soak (not part of `make test`): every feature churned for SOAK_MINUTES (default
 # 10) behind a proxy that drops the manager's connections for the first minute; prints the
-# summary the README quotes (RSS, open fds, reconcile errors).
+# summary docs/testing.md quotes (RSS, open fds, reconcile errors).
 soak: cluster build
 	SOAK_MINUTES=$(or $(SOAK_MINUTES),10) hack/test/soak.sh

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make run [LOCAL=1]`: the builds and installs `make run` needs, one stage line each with its
-# expected duration (measured on the 2-core development machine: README, "Quick start"); tool
-# output (apt, go, cargo, buildah) goes to .run/logs/ and is shown only when a stage fails. Then
-# hack/demo/run-node.sh (root: config/default on a real local node) or hack/demo/run.sh
-# (LOCAL=1, or not root: the manager as a local process on the node-less control plane).
+# expected duration (measured on the 2-core development machine: docs/operations.md, "make
+# run"); tool output (apt, go, cargo, buildah) goes to .run/logs/ and is shown only when a stage
+# fails. Then hack/demo/run-node.sh (root: config/default on a real local node) or
+# hack/demo/run.sh (LOCAL=1, or not root: the manager as a local process on the node-less control
+# plane).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"

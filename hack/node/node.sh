@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real node for the local control plane (README, "The image and a real node"):
+# A real node for the local control plane (docs/operations.md, "A real local node"):
 # `hack/node/node.sh up|down|status`.
 #
 # up:   a control plane of its own (kharness serve --with-kcm, plus a second `kharness kcm` with the

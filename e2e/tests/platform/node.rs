@@ -1,4 +1,4 @@
-//! ucm as a user runs it, on the local node (README, "The image and a real node"): the image from
+//! ucm as a user runs it, on the local node (docs/testing.md, "On the real node"): the image from
 //! `make image` on a real kubelet and containerd, config/default applied with kubectl exactly as
 //! shipped, Services through kube-proxy, names through CoreDNS, PVCs through the local-path
 //! provisioner.
