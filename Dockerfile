@@ -6,7 +6,7 @@
 # - With Docker (registries reachable): the `build` stage below compiles a static musl binary.
 #     docker build -t <registry>/ucm:<tag> .
 #     docker buildx build --platform linux/amd64,linux/arm64 -t <registry>/ucm:<tag> --push .
-# - Without Docker or a registry (`make image`, hack/image.sh): buildah (Debian) builds this file
+# - Without Docker or a registry (`make image`, hack/build/image.sh): buildah (Debian) builds this file
 #   with `--build-context build=<dir>`, which replaces the `build` stage by a directory holding a
 #   static glibc binary (`-C target-feature=+crt-static`; rustup has no musl target there) and
 #   the host's CA bundle, laid out as below. The rust:alpine image is never pulled, and the final
@@ -29,7 +29,7 @@ COPY e2e/tests ./e2e/tests
 # The workspace's dev-only fixture crate: Cargo reads it to resolve the lock file.
 COPY testkit ./testkit
 # The build context holds no .git: `docker build --build-arg UCM_GIT_REVISION=$(git rev-parse
-# --short HEAD)` stamps the revision (ucm_build_info); hack/image.sh builds on the host, from git.
+# --short HEAD)` stamps the revision (ucm_build_info); hack/build/image.sh builds on the host, from git.
 ARG UCM_GIT_REVISION=unknown
 ENV UCM_GIT_REVISION=$UCM_GIT_REVISION \
     CARGO_PROFILE_RELEASE_STRIP=symbols \

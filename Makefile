@@ -94,9 +94,9 @@ $(UPSTREAM_KEYS): e2e/tools/upstream-keys/main.go e2e/tools/upstream-keys/go.mod
 cluster: $(KHARNESS) $(KUBECTL) $(HELM) $(PROMTOOL) $(UPSTREAM_KEYS)
 
 # The ucm container image as an OCI archive ($(TARGET_DIR)/ucm-image.oci.tar), built from the
-# Dockerfile by buildah without Docker or a registry (hack/image.sh; installs buildah if missing).
+# Dockerfile by buildah without Docker or a registry (hack/build/image.sh; installs buildah if missing).
 image:
-	hack/image.sh
+	hack/build/image.sh
 
 # A real node (containerd + runc + kubelet, kube-scheduler, kube-proxy, bridge CNI, CoreDNS and
 # rancher's local-path provisioner) in its own network namespace, on a control plane of its own
@@ -118,31 +118,31 @@ $(PAUSE): e2e/cmd/pause/main.go
 	cd e2e && $(GO_ENV) go build -ldflags "-s -w" -o bin/pause ./cmd/pause
 
 node: image $(NODE_BINS)
-	hack/image.sh node
+	hack/build/image.sh node
 	hack/node/node.sh up
 
 node-down:
 	hack/node/node.sh down
 
 node-check: image $(NODE_BINS)
-	hack/image.sh node
+	hack/build/image.sh node
 	hack/node/check.sh
 
 # `make test`'s node step: node-check with the image built from a debug build of the same source
-# (hack/image.sh: a changed source rebuilds in about a minute; the release one takes 7–19 min),
+# (hack/build/image.sh: a changed source rebuilds in about a minute; the release one takes 7–19 min),
 # then `make run`'s node part with that image, its output piped into tee, whose printed jmp
 # commands run unchanged from the host, ended by Ctrl-C: the host as before (hack/demo/check.sh,
 # about 3 min).
 TEST_IMAGE := $(TARGET_DIR)/ucm-image-dev.oci.tar
 node-e2e: $(NODE_BINS)
-	UCM_IMAGE_PROFILE=dev UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/image.sh
-	hack/image.sh node
+	UCM_IMAGE_PROFILE=dev UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/build/image.sh
+	hack/build/image.sh node
 	UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/node/check.sh
 	UCM_IMAGE_ARCHIVE=$(TEST_IMAGE) hack/demo/check.sh
 
 # One shared control plane for the e2e suite (one test binary); tests needing their own start one.
 e2e: cluster build
-	hack/e2e.sh
+	hack/test/e2e.sh
 
 # Conformance: Jumpstarter's own e2e suite v0.9.0, unmodified, from
 # ../shared/conformance (read-only test data), against ucm's exporter feature and `ucm router`, with
@@ -177,11 +177,11 @@ conformance-ci:
 	$(MAKE) conformance LANES="$(CONFORMANCE_CI_LANES)" CONFORMANCE_SKIP="$(CONFORMANCE_CI_SKIP)"
 
 test-deps:
-	hack/test-deps.sh
+	hack/build/test-deps.sh
 
 # A second build with nothing changed compiles nothing (docs/architecture.md, "Build stamp").
 fresh-check: build
-	hack/check-fresh.sh
+	hack/build/check-fresh.sh
 
 test: test-deps lint crds-check fresh-check unit e2e node-e2e conformance-ci
 
@@ -210,10 +210,10 @@ CARGO_FUZZ_VERSION := 0.13.2
 fuzz:
 	@cargo fuzz --version 2>/dev/null | grep -qx 'cargo-fuzz $(CARGO_FUZZ_VERSION)' || \
 	  $(CARGO) install cargo-fuzz --version $(CARGO_FUZZ_VERSION) --locked
-	FUZZ_SECONDS=$(FUZZ_SECONDS) hack/fuzz.sh
+	FUZZ_SECONDS=$(FUZZ_SECONDS) hack/test/fuzz.sh
 
 # Reliability soak (not part of `make test`): every feature churned for SOAK_MINUTES (default
 # 10) behind a proxy that drops the manager's connections for the first minute; prints the
-# summary the README quotes (RSS, open fds, reconcile errors).
+# summary docs/testing.md quotes (RSS, open fds, reconcile errors).
 soak: cluster build
-	SOAK_MINUTES=$(or $(SOAK_MINUTES),10) hack/soak.sh
+	SOAK_MINUTES=$(or $(SOAK_MINUTES),10) hack/test/soak.sh

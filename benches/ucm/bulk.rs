@@ -1,4 +1,4 @@
-//! Phase `bulk` (README, "Benchmarks"). Per run:
+//! Phase `bulk` (docs/benchmarks.md). Per run:
 //! 1. References with a bare client (the bench's admin client): create and status-patch the same
 //!    number of Exporters, VirtualMachineExports and MiroirSnapshots, timed until a watch has
 //!    seen every patched status; then delete them.

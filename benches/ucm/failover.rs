@@ -1,4 +1,4 @@
-//! Phase `failover` (README, "Benchmarks"): two managers with `--leader-elect` and the default
+//! Phase `failover` (docs/benchmarks.md): two managers with `--leader-elect` and the default
 //! lease settings (15 s / 10 s / 2 s). The leader gets SIGTERM or SIGKILL; measured from the signal
 //! to the standby's first write, which is its Lease takeover (the `acquireTime` it writes, on the
 //! same host clock), and to its first reconcile write: an Exporter created right after the signal

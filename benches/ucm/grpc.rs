@@ -1,4 +1,4 @@
-//! Phase `grpc` (README, "Benchmarks"):
+//! Phase `grpc` (docs/benchmarks.md):
 //! 1,000 simulated exporters — a Rust client over the compiled jumpstarter.v1 stubs, each with
 //! its own TLS connection and the token ucm minted into its credential Secret — Register, open a
 //! Status stream and report Available, as the real exporter does. With every stream held, the

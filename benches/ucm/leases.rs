@@ -1,4 +1,4 @@
-//! Phase `leases` (README, "Benchmarks"): the exporter feature at the load the upstream Go
+//! Phase `leases` (docs/benchmarks.md): the exporter feature at the load the upstream Go
 //! controller was measured with (jumpstarter b1f2bb41, 2026-12-01), each figure next to the Go
 //! figure as a stated reference and, where one exists, a bare client measured in the same run. Per
 //! run, on a fresh control plane and a manager with the shipped defaults (every feature, leader

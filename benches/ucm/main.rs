@@ -1,4 +1,4 @@
-//! `make bench` (README, "Benchmarks"): the ucm benchmark driver. Cargo builds it with the `bench`
+//! `make bench` (docs/benchmarks.md): the ucm benchmark driver. Cargo builds it with the `bench`
 //! profile (release settings), so `CARGO_BIN_EXE_ucm` is the optimised binary every phase runs.
 //!
 //! It starts its own control plane (with an API server audit log), runs the phases named by

@@ -1,6 +1,6 @@
-//! Phase `queue` (README, "How leases are scheduled"; docs/exporter.md, "Lease scheduling"): the
-//! lease scheduler under contention. Per run, on a fresh control plane and a manager with the
-//! shipped defaults (as the `leases` phase):
+//! Phase `queue` (docs/benchmarks.md, "The lease scheduler"; docs/exporter.md, "Lease
+//! scheduling"): the lease scheduler under contention. Per run, on a fresh control plane and a
+//! manager with the shipped defaults (as the `leases` phase):
 //! 1. 5,000 Exporters in one namespace, every tenth made online and kept online (as in `leases`);
 //!    50 of the online ones also carry `ucm-bench-board: scarce`;
 //! 2. one ExporterAccessPolicy on those 50 giving priority 30, 20 or 10 by the Client's `tier`

@@ -1,8 +1,8 @@
 //! The e2e suite: one test binary, one module per feature (`exporter`, `snapshot`, `vmexport`)
 //! and one for what they all stand on (`platform`), all against one local control plane
-//! (`hack/e2e.sh` starts it and names it in `UCM_E2E_KUBECONFIG`; without it the first test
+//! (`hack/test/e2e.sh` starts it and names it in `UCM_E2E_KUBECONFIG`; without it the first test
 //! starts one for the process). Test names read `<area>::<module>::<test>` (e.g.
-//! `exporter::grpc::…`, `platform::faults::…`), so `hack/e2e.sh --test <area>[::<module>]`
+//! `exporter::grpc::…`, `platform::faults::…`), so `hack/test/e2e.sh --test <area>[::<module>]`
 //! selects an area or a part of one. The soak run (`soak.rs`) is a binary of its own, outside
 //! `make test`.
 //!

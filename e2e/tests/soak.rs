@@ -1,9 +1,9 @@
-//! `make soak` (README, "Reliability"): one manager with every feature, behind a proxy that drops
-//! its connections at random for the first minute, while objects of all three features are created,
-//! updated and deleted at a steady rate for `SOAK_MINUTES` (default 10). At the end every object
-//! must have reached its final state; the manager's resident memory and open file descriptors must
-//! not have grown beyond noise, and no reconcile error may be left over. Prints a summary the
-//! README quotes. Not part of `make test` (`test = false` in Cargo.toml).
+//! `make soak` (docs/testing.md, "Reliability"): one manager with every feature, behind a proxy
+//! that drops its connections at random for the first minute, while objects of all three features
+//! are created, updated and deleted at a steady rate for `SOAK_MINUTES` (default 10). At the end
+//! every object must have reached its final state; the manager's resident memory and open file
+//! descriptors must not have grown beyond noise, and no reconcile error may be left over. Prints
+//! a summary docs/testing.md quotes. Not part of `make test` (`test = false` in Cargo.toml).
 
 // The soak run uses only part of the fixture the e2e suite shares.
 #[allow(dead_code)]

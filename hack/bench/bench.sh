@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make bench` (README, "Benchmarks"): installs the reference tools from Debian when missing
-# (nginx, pigz, curl; as root, like hack/test-deps.sh), builds the release ucm binary and the bench
+# `make bench` (docs/benchmarks.md): installs the reference tools from Debian when missing
+# (nginx, pigz, curl; as root, like hack/build/test-deps.sh), builds the release ucm binary and the bench
 # driver (`cargo bench` profile), runs the driver, and reports the wall times. The driver writes
 # bench/results.md and bench/results.json. Pass UCM_BENCH_ONLY=<phase>[,...] to rerun phases.
 set -euo pipefail

@@ -49,7 +49,7 @@ if [[ ${1:-} != --inside ]]; then
     [[ " ${all_lanes[*]} " == *" $l "* ]] || { echo "unknown lane '$l'; lanes: ${all_lanes[*]}" >&2; exit 2; }
   done
   [ "$(id -u)" -eq 0 ] || { echo "make conformance needs root (namespaces, mounts, the dut-network lane)" >&2; exit 1; }
-  "$root/hack/host-deps.sh" conformance
+  "$root/hack/build/host-deps.sh" conformance
   src=${UCM_CONFORMANCE_SRC:-$(cd "$root/.." && pwd)/shared/conformance}
   ucm=${UCM:-${CARGO_TARGET_DIR:-$root/target}/debug/ucm}
   for f in "$root/e2e/bin/kharness" "$root/e2e/bin/kubectl" "$root/e2e/bin/dex" \
@@ -179,10 +179,12 @@ cp "$pki/server-key.pem" /etc/dex/tls/tls.key
 
 # ---- the local control plane ----
 say "starting the local control plane"
-"$bin/kharness" serve --dir "$work/cluster" --with-kcm >"$work/ready" 2>"$logs/harness.log" &
-pids+=($!)
-wait_for "the control plane" 180 grep -q '^READY ' "$work/ready"
-export KUBECONFIG=$work/cluster/kubeconfig
+# shellcheck source=hack/lib/controlplane.sh
+source "$root/hack/lib/controlplane.sh"
+controlplane_start "$work/cluster" "$work/ready" "$logs/harness.log"
+pids+=("$controlplane_pid")
+controlplane_wait || fail "the control plane is not ready"
+export KUBECONFIG=$controlplane_kubeconfig
 kc() { "$bin/kubectl" "$@"; }
 api_port=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["apiserver"])' "$work/cluster/ports.json")
 # dex's kubernetes connector discovers https://kubernetes.default.svc.cluster.local (port 443).

@@ -5,7 +5,7 @@
 #
 #   hack/conformance/venv.sh 0.9.0        # e.g. /root/.cache/ucm/venv-conformance-0.9.0-<hash>
 #
-# Built (and cached, locked, stamped) by hack/jumpstarter-venv.sh with these pins.
+# Built (and cached, locked, stamped) by hack/jumpstarter/venv.sh with these pins.
 set -euo pipefail
 version=${1:?usage: $0 <jumpstarter version>}
 case $version in
@@ -23,4 +23,4 @@ pins=("${pins[@]/%/==$version}")
 # with an ImportError). Later releases of the driver bound it (0.9.0: opendal>=0.45.8,<0.46);
 # the same bound here.
 [ "$version" = 0.9.0 ] || pins+=("opendal>=0.45.8,<0.46")
-exec "$(dirname "$0")/../jumpstarter-venv.sh" "conformance-$version" "${pins[@]}"
+exec "$(dirname "$0")/../jumpstarter/venv.sh" "conformance-$version" "${pins[@]}"

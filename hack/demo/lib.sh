@@ -96,7 +96,7 @@ YAML
 jmp_commands() {
   cat <<TXT
 cd $PWD
-source "\$(hack/jumpstarter-venv.sh)/bin/activate"   # jumpstarter 0.9.0 from PyPI (first time ~3 min)
+source "\$(hack/jumpstarter/venv.sh)/bin/activate"   # jumpstarter 0.9.0 from PyPI (first time ~3 min)
 jmp run --exporter-config $1/exporter-demo.yaml &   # the demo exporter (MockPower) on this host
 jmp get exporters --client-config $1/client-dev.yaml --with online,status
 jmp shell --client-config $1/client-dev.yaml -l board=demo -- j power read -n 1

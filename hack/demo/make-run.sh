@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make run [LOCAL=1]`: the builds and installs `make run` needs, one stage line each with its
-# expected duration (measured on the 2-core development machine: README, "Quick start"); tool
-# output (apt, go, cargo, buildah) goes to .run/logs/ and is shown only when a stage fails. Then
-# hack/demo/run-node.sh (root: config/default on a real local node) or hack/demo/run.sh
-# (LOCAL=1, or not root: the manager as a local process on the node-less control plane).
+# expected duration (measured on the 2-core development machine: docs/operations.md, "make
+# run"); tool output (apt, go, cargo, buildah) goes to .run/logs/ and is shown only when a stage
+# fails. Then hack/demo/run-node.sh (root: config/default on a real local node) or
+# hack/demo/run.sh (LOCAL=1, or not root: the manager as a local process on the node-less control
+# plane).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -15,7 +16,7 @@ mkdir -p .run/logs
 echo "make run: stage logs in .run/logs/"
 if [ "$mode" = node ]; then
   stage "Debian packages if missing: buildah jq busybox-static containerd runc containernetworking-plugins iptables" \
-    "1–2 min when missing, else instant" hack/host-deps.sh image busybox node
+    "1–2 min when missing, else instant" hack/build/host-deps.sh image busybox node
   # A stage that fails stops the one running alongside it.
   trap '[ -z "${bg_pid:-}" ] || pkill -P "$bg_pid" 2>/dev/null || true' EXIT
   # The Go programs build alongside Cargo (each leaves cores idle in its link and codegen tails).
@@ -32,9 +33,9 @@ if [ "$mode" = node ]; then
   else
     expect="7–19 min cold on 2 cores; seconds when unchanged"
   fi
-  stage "The ucm image: $profile build and buildah" "$expect" env UCM_IMAGE_PROFILE="$profile" hack/image.sh
+  stage "The ucm image: $profile build and buildah" "$expect" env UCM_IMAGE_PROFILE="$profile" hack/build/image.sh
   stage_wait
-  stage "The node's images: pause, CoreDNS, local-path provisioner, busybox" "10–20 s" hack/image.sh node
+  stage "The node's images: pause, CoreDNS, local-path provisioner, busybox" "10–20 s" hack/build/image.sh node
   exec hack/demo/run-node.sh
 fi
 [ "$mode" = local ] || echo "make run: not root, so no local node (it needs network namespaces, mounts and cgroups); running the manager as a local process, as make run LOCAL=1 does"

@@ -8,11 +8,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . hack/demo/lib.sh
+# shellcheck source=hack/lib/controlplane.sh
+. hack/lib/controlplane.sh
 ucm="${CARGO_TARGET_DIR:-target}/debug/ucm"
 mkdir -p .run
-: >.run/ready
-e2e/bin/kharness serve --dir .run/cluster --with-kcm >.run/ready 2>.run/harness.log &
-kh=$!
+controlplane_start .run/cluster .run/ready .run/harness.log
 mgr=""
 router=""
 stop() {
@@ -20,28 +20,21 @@ stop() {
   set +e
   [ -n "$router" ] && kill -TERM "$router" 2>/dev/null && wait "$router" 2>/dev/null
   [ -n "$mgr" ] && kill -TERM "$mgr" 2>/dev/null && wait "$mgr" 2>/dev/null
-  kill -TERM "$kh" 2>/dev/null && wait "$kh" 2>/dev/null
+  controlplane_stop
   echo "stopped"
   exit 0
 }
 trap stop INT TERM EXIT
 control_plane() {
-  local start=$SECONDS
-  until grep -q '^READY ' .run/ready; do
-    if ! kill -0 "$kh" 2>/dev/null || ((SECONDS - start > 180)); then
-      echo "the local control plane did not start; .run/harness.log:"
-      tail -n 40 .run/harness.log
-      exit 1
-    fi
-    sleep 0.2
-  done
-  local kubectl=(e2e/bin/kubectl --kubeconfig "$(sed -n 's/^READY //p' .run/ready)")
+  controlplane_wait
+  local kubectl=(e2e/bin/kubectl --kubeconfig "$controlplane_kubeconfig")
   "${kubectl[@]}" apply --server-side --field-manager=ucm-run -f crds/
   "${kubectl[@]}" wait --for condition=established --timeout=60s -f crds/
 }
 stage "Local control plane (etcd, kube-apiserver, kube-controller-manager) and ucm's CRDs" \
   "about 10 s; log in .run/harness.log" control_plane
-kubeconfig=$(sed -n 's/^READY //p' .run/ready)
+controlplane_wait
+kubeconfig=$controlplane_kubeconfig
 kubectl=(e2e/bin/kubectl --kubeconfig "$kubeconfig")
 cat <<TXT
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A real node for the local control plane (README, "The image and a real node"):
+# A real node for the local control plane (docs/operations.md, "A real local node"):
 # `hack/node/node.sh up|down|status`.
 #
 # up:   a control plane of its own (kharness serve --with-kcm, plus a second `kharness kcm` with the
 #       workload controllers and kube-scheduler), and one node: containerd 1.6 + runc + kubelet
 #       and kube-proxy v1.37.2 in a network namespace of their own, Pods on a bridge CNI, the ucm
-#       image (`make image`) and the node's images (`hack/image.sh node`) imported from OCI
+#       image (`make image`) and the node's images (`hack/build/image.sh node`) imported from OCI
 #       archives, then the add-ons (hack/node/addons.yaml): CoreDNS and the local-path
 #       provisioner with the default StorageClass. Prints the kubeconfig.
 # down: stops all of it and restores what kubelet changed; leaves no process, mount, network
@@ -24,7 +24,7 @@ cd "$root"
 name=${UCM_NODE_NAME:-ucm-node}
 state=${UCM_NODE_DIR:-$root/.run/node}
 image=${UCM_IMAGE_ARCHIVE:-${CARGO_TARGET_DIR:-$root/target}/ucm-image.oci.tar}
-images=${UCM_CACHE:-$HOME/.cache/ucm}/image # hack/image.sh node
+images=${UCM_CACHE:-$HOME/.cache/ucm}/image # hack/build/image.sh node
 node_images=(pause coredns local-path busybox)
 bin=$root/e2e/bin
 netns=/run/netns/$name
@@ -47,7 +47,7 @@ pod_cidr=10.244.0.0/24
 service_cidr=10.0.0.0/24 # kharness's --service-cluster-ip-range
 service_ip=10.0.0.1       # its first address: the `kubernetes` Service
 dns_ip=10.0.0.10          # the kube-dns Service (CoreDNS), kubelet's clusterDNS
-pause_ref=localhost/ucm-pause:1 # as hack/image.sh node names it
+pause_ref=localhost/ucm-pause:1 # as hack/build/image.sh node names it
 # What kubelet's setupKernelTunables changes on the host (pkg/kubelet/cm/container_manager_linux.go).
 sysctls=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
   kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
@@ -203,12 +203,12 @@ addons() {
     -e "s|@BUSYBOX_IMAGE@|$(image_ref busybox)|g" -e "s|@DNS_IP@|$dns_ip|" -e "s|@VOLUME_DIR@|$volume_dir|" \
     hack/node/addons.yaml
 }
-# The name an image archive of hack/image.sh carries (and `ctr images import` gives it).
+# The name an image archive of hack/build/image.sh carries (and `ctr images import` gives it).
 image_ref() { tar -xOf "$images/$1.oci.tar" index.json | jq -r '.manifests[0].annotations["org.opencontainers.image.ref.name"]'; }
 
 up() {
   [ "$(id -u)" -eq 0 ] || die "needs root (network namespace, cgroups, mounts); use 'make run LOCAL=1' (no node)"
-  hack/host-deps.sh node
+  hack/build/host-deps.sh node
   for b in kharness kubectl kubelet kube-scheduler kube-proxy pause coredns local-path-provisioner; do
     [ -x "$bin/$b" ] || die "missing $bin/$b: run 'make node' (it builds them)"
   done

@@ -1,9 +1,9 @@
-//! The login service (upstream's `service/login`; README, "Jumpstarter authentication"): `GET
-//! /v1/auth/config` tells `jmp login <endpoint>` the controller's gRPC endpoint, the router
-//! endpoint, the namespace, the CA bundle to trust (base64 PEM, as the CLI decodes it) and the OIDC
-//! issuers to sign in with; `GET /` is a landing page saying the same for people; `/healthz`. Plain
-//! HTTP on `--exporter-login-bind-address` (upstream's `:8086`), on every replica: it reads nothing
-//! that needs the lease, so it does not wait for leadership.
+//! The login service (upstream's `service/login`; docs/exporter.md, "External issuers and the login
+//! service"): `GET /v1/auth/config` tells `jmp login <endpoint>` the controller's gRPC endpoint,
+//! the router endpoint, the namespace, the CA bundle to trust (base64 PEM, as the CLI decodes it)
+//! and the OIDC issuers to sign in with; `GET /` is a landing page saying the same for people;
+//! `/healthz`. Plain HTTP on `--exporter-login-bind-address` (upstream's `:8086`), on every
+//! replica: it reads nothing that needs the lease, so it does not wait for leadership.
 
 use std::sync::Arc;
 

@@ -28,8 +28,8 @@ pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String>
         std::env::var("GRPC_ENDPOINT").ok(),
         std::env::var("CONTROLLER_KEY").ok(),
     )?;
-    // The watches start before the ConfigMap and key reads below, which need none of them:
-    // listing thousands of Exporters is the longest step of a start-up (README, "Benchmarks").
+    // The watches start before the ConfigMap and key reads below, which need none of them: listing
+    // thousands of Exporters is the longest step of a start-up (docs/benchmarks.md, "Start-up").
     // Readiness waits for those reads too.
     let settings_read = rt.track_synced("exporter-settings");
     // One watch and one cache per kind, each feeding every controller that maps it (lease

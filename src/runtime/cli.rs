@@ -57,8 +57,8 @@ pub struct ManagerArgs {
     )]
     pub watch_namespace: String,
 
-    /// Reconciles each controller runs at once. 8, chosen by measurement (README,
-    /// "Benchmarks"): kube-runtime never runs two passes of one object at once, and the
+    /// Reconciles each controller runs at once. 8, chosen by measurement (docs/benchmarks.md,
+    /// "Workers: why 8"): kube-runtime never runs two passes of one object at once, and the
     /// reconcilers guard what objects share (the lease ledger, the per-volume snapshot lock).
     #[arg(long, default_value = "8", value_parser = clap::value_parser!(u16).range(1..), value_name = "N")]
     pub max_concurrent_reconciles: u16,

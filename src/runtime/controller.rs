@@ -192,7 +192,7 @@ const CHANGED_TTL: Duration = Duration::from_secs(3600);
 /// this stream last passed them (or could not be hashed), and after [`CHANGED_TTL`] without an
 /// event. kube keeps each object's name, namespace and uid as strings (some 270 bytes per object
 /// per filter); this keeps a hash of them and of the property, about 50 (memory per cached
-/// Exporter: README, "Benchmarks").
+/// Exporter: docs/benchmarks.md, "Memory per object").
 pub fn changed<K, S>(
     stream: S,
     property: impl Predicate<K> + Send + 'static,

@@ -4,9 +4,9 @@
 //!
 //! Why not kube's `Recorder`: to patch a series it keeps every Event it published for six minutes,
 //! whole, with its key (about 2 KiB each), and scans them all on every publish. After a bulk of
-//! 5,000 new Exporters that is 5,000 Events held for nothing (memory per cached Exporter: README,
-//! "Benchmarks"). A repeat needs only the first Event's name, its count and when it was last seen:
-//! this keeps those, under a hash of what makes two events the same.
+//! 5,000 new Exporters that is 5,000 Events held for nothing (memory per cached Exporter:
+//! docs/benchmarks.md, "Memory per object"). A repeat needs only the first Event's name, its count
+//! and when it was last seen: this keeps those, under a hash of what makes two events the same.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

@@ -228,7 +228,7 @@ impl SyncTracker {
     fn mark(&mut self, what: &'static str) {
         let first = self.rt.watches.lock().expect("lock").insert(self.key, true) == Some(false);
         if first {
-            // Where start-up time goes, watch by watch (README, "Benchmarks").
+            // Where start-up time goes, watch by watch (docs/benchmarks.md, "Start-up").
             tracing::info!(
                 feature = self.key.0,
                 watch = self.key.1,

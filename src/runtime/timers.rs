@@ -5,9 +5,9 @@
 //! each with the object's name, namespace, uid and resourceVersion: some 700 bytes per object.
 //! Every Exporter and Client with a token has a timer (its renewal or `TokenExpiring` threshold, at
 //! the latest `--exporter-max-requeue` away), so at 5,000 Exporters that is a seventh of the memory
-//! per cached Exporter (README, "Benchmarks"). Here a timer is one `namespace/name` string and its
-//! due time, about 200 bytes. The controller takes the wake-ups as a trigger stream
-//! ([`Timers::fired`] into `Controller::reconcile_on`).
+//! per cached Exporter (docs/benchmarks.md, "Memory per object"). Here a timer is one
+//! `namespace/name` string and its due time, about 200 bytes. The controller takes the wake-ups as
+//! a trigger stream ([`Timers::fired`] into `Controller::reconcile_on`).
 //!
 //! Each pass decides its object's next wake-up ([`Timers::set`]), replacing the one before, as
 //! a pass's `Action` replaces kube's scheduled requeue.

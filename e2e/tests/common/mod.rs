@@ -370,16 +370,16 @@ pub fn shipped_identity(
     path
 }
 
-/// The pinned Jumpstarter 0.9.0 virtualenv (`hack/jumpstarter-venv.sh`, created on first use and
+/// The pinned Jumpstarter 0.9.0 virtualenv (`hack/jumpstarter/venv.sh`, created on first use and
 /// cached in ~/.cache/ucm). Panics with the script's output when it cannot be made.
 pub fn jumpstarter_venv() -> PathBuf {
     let out = Command::new("bash")
-        .arg(repo_root().join("hack/jumpstarter-venv.sh"))
+        .arg(repo_root().join("hack/jumpstarter/venv.sh"))
         .output()
-        .expect("run hack/jumpstarter-venv.sh");
+        .expect("run hack/jumpstarter/venv.sh");
     assert!(
         out.status.success(),
-        "hack/jumpstarter-venv.sh failed:\n{}",
+        "hack/jumpstarter/venv.sh failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())

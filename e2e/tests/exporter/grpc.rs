@@ -1,6 +1,6 @@
 //! The Jumpstarter protocol (docs/exporter.md, "The gRPC server" and after): the wire schema
 //! against the published package, `ucm router`, and the controller gRPC service with the real
-//! `jumpstarter` 0.9.0 packages installed by `hack/jumpstarter-venv.sh` (the test setup installs
+//! `jumpstarter` 0.9.0 packages installed by `hack/jumpstarter/venv.sh` (the test setup installs
 //! them itself; a missing prerequisite fails the test).
 
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use crate::common::*;
 fn descriptor_set_matches_package() {
     let venv = jumpstarter_venv();
     let out = Command::new(venv.join("bin/python"))
-        .arg(repo_root().join("hack/jumpstarter-fds.py"))
+        .arg(repo_root().join("hack/jumpstarter/fds.py"))
         .arg("--check")
         .arg(repo_root().join("src/exporter/proto/jumpstarter-protocol-0.9.0.fds"))
         .output()

@@ -3,7 +3,7 @@
 //! hooks from its ExporterConfig) and, for the restart contract no released exporter implements yet
 //! ("Lease hooks: metadata"), a scripted exporter on the `jumpstarter-protocol` 0.9.0 stubs. Leases
 //! are applied with kubectl as a user would. The pinned packages come from PyPI through
-//! `hack/jumpstarter-venv.sh`; a missing prerequisite fails the test.
+//! `hack/jumpstarter/venv.sh`; a missing prerequisite fails the test.
 //!
 //! 0.9.0 runs hooks but never sends the record declaration ("Lease hooks: the record"). The record
 //! test runs that same exporter with one change: a launcher adds the declaration header to its

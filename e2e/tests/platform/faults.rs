@@ -1,5 +1,5 @@
-//! Fault tests (README, "Reliability"): what clusters do to a controller manager, against the real
-//! local control plane, with every feature mid-work when the fault hits.
+//! Fault tests (docs/testing.md, "Reliability"): what clusters do to a controller manager, against
+//! the real local control plane, with every feature mid-work when the fault hits.
 //!
 //! - The API server restarts (etcd data kept) on a control plane of the test's own.
 //! - The leader is SIGKILLed with a warm standby; a monitor records any state a single leader

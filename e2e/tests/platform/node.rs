@@ -1,11 +1,11 @@
-//! ucm as a user runs it, on the local node (README, "The image and a real node"): the image from
+//! ucm as a user runs it, on the local node (docs/testing.md, "On the real node"): the image from
 //! `make image` on a real kubelet and containerd, config/default applied with kubectl exactly as
 //! shipped, Services through kube-proxy, names through CoreDNS, PVCs through the local-path
 //! provisioner.
 //!
 //! These tests need the node: `hack/node/check.sh` (`make node-check`; in `make test` as
 //! `make node-e2e`, with the image from a debug build) brings it up, names its kubeconfig in `UCM_NODE_KUBECONFIG`, runs this area, and then proves
-//! that bringing the node down leaves nothing behind. `hack/e2e.sh` skips the area (its control
+//! that bringing the node down leaves nothing behind. `hack/test/e2e.sh` skips the area (its control
 //! plane has no node). The tests share one install and run one at a time (`--test-threads=1`):
 //! the failover test deletes the leader's Pod, the Helm test scales config/default's manager to 0.
 
@@ -191,7 +191,7 @@ fn curl(args: &[&str]) -> (bool, Vec<u8>) {
         .args(args)
         .stderr(Stdio::inherit())
         .output()
-        .expect("curl is missing (hack/test-deps.sh installs it)");
+        .expect("curl is missing (hack/build/test-deps.sh installs it)");
     (out.status.success(), out.stdout)
 }
 

@@ -293,8 +293,8 @@ fn every_feature_has_an_enable_flag_with_env() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no feature enabled"));
 }
 
-/// Idle cost at the shipped defaults (README, "Benchmarks"): a leader-elected manager with every
-/// feature on and a warm standby, no objects, 20 s on a control plane of the test's own whose API
+/// Idle cost at the shipped defaults (docs/benchmarks.md, "Idle"): a leader-elected manager with
+/// every feature on and a warm standby, no objects, 20 s on a control plane of the test's own whose API
 /// server audits every ServiceAccount request. The leader renews once per retry period (2 s), the
 /// standby writes nothing, and neither burns CPU. With the elector of 369af94 the leader woke on
 /// its own renewal and renewed again at once: thousands of Lease writes in the window.

@@ -1,4 +1,4 @@
-//! Security checks (README, "Reliability"):
+//! Security checks (docs/testing.md, "Reliability"):
 //! - no secret ucm creates or is handed (exporter and client tokens, a rotated one, router and
 //!   export tokens, signing, router and TLS keys, tokens callers present, the API tokens) appears
 //!   in the logs of the manager, `ucm router` or `ucm export-server` at the most verbose level

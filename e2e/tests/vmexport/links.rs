@@ -279,7 +279,7 @@ fn link_urls(l: &ucm::vmexport::types::VirtualMachineExportLink) -> Vec<String> 
     urls
 }
 
-/// Both client generations (README, "VM export: API versions, clients and external links"):
+/// Both client generations (docs/vmexport.md, "What clients see"):
 /// what virtctl does with only `export.kubevirt.io/v1` (v1.9 and later) and with only
 /// `v1beta1` (v1.8): create a VM export with a token Secret of its own, wait for `phase=Ready`
 /// and links, download every format through the internal link and through `ucm export-proxy`

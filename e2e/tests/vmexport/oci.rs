@@ -134,7 +134,7 @@ fn fetch(b: &Bridge, url: &str, extra: &[&str]) -> (u16, String, Vec<u8>) {
 
 fn run(cmd: &str, args: &[&str]) -> Vec<u8> {
     let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| {
-        panic!("{cmd} is needed for this test (hack/test-deps.sh installs it): {e}")
+        panic!("{cmd} is needed for this test (hack/build/test-deps.sh installs it): {e}")
     });
     assert!(
         out.status.success(),

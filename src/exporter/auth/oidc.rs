@@ -1,8 +1,8 @@
-//! External JWT issuers (`authentication.jwt[]`; README, "Jumpstarter authentication"): the subset
-//! of Kubernetes' `JWTAuthenticator` (apiserver.config.k8s.io/v1beta1) that upstream's controller
-//! takes, validated here, and the verifier: OIDC discovery and the JWKS fetched from the issuer,
-//! cached and fetched again (at most every [`REFRESH_MIN_INTERVAL`]) when a token names an unknown
-//! `kid`.
+//! External JWT issuers (`authentication.jwt[]`; docs/exporter.md, "External issuers and the login
+//! service"): the subset of Kubernetes' `JWTAuthenticator` (apiserver.config.k8s.io/v1beta1) that
+//! upstream's controller takes, validated here, and the verifier: OIDC discovery and the JWKS
+//! fetched from the issuer, cached and fetched again (at most every [`REFRESH_MIN_INTERVAL`]) when
+//! a token names an unknown `kid`.
 //!
 //! Supported: `issuer.{url, discoveryURL, audiences, audienceMatchPolicy, certificateAuthority}`,
 //! `claimMappings.username.{claim, prefix}` and the expression form `claims.<name>`,

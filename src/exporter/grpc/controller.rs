@@ -749,7 +749,7 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
             .dial(dial, tokio::time::Instant::now() + LISTEN_WAIT, &self.stop)
             .await?;
         // The one place ucm can name the router: jmp reports an unreachable one only as an
-        // unreachable exporter (README, "Jumpstarter from the host").
+        // unreachable exporter (docs/operations.md, "Jumpstarter from the host (jmp)").
         info!(namespace = %caller.namespace, lease = %lease_name, client = %caller.name, %exporter,
             "dial: client and exporter meet at router {router_endpoint}; both must reach that address");
         Ok(Response::new(pb::DialResponse {

@@ -1,5 +1,5 @@
 //! A real OpenID provider for the OIDC tests: Keycloak from Maven Central (fetched, verified and
-//! pre-built once by `hack/keycloak.sh`, cached in ~/.cache/ucm), started once per test process on
+//! pre-built once by `hack/jumpstarter/keycloak.sh`, cached in ~/.cache/ucm), started once per test process on
 //! HTTPS with a certificate made here, so ucm's `certificateAuthority` is exercised. Each test makes
 //! its own realm (issuer), clients and users through the admin REST API, so tests run in parallel.
 //! A watchdog kills the server's process group when the test binary exits. Any failure panics
@@ -51,11 +51,11 @@ fn curl(ca: &Path, args: &[&str]) -> (u16, String) {
 
 impl Keycloak {
     fn start() -> Keycloak {
-        let out = Command::new(repo_root().join("hack/keycloak.sh"))
+        let out = Command::new(repo_root().join("hack/jumpstarter/keycloak.sh"))
             .stderr(Stdio::inherit())
             .output()
-            .expect("run hack/keycloak.sh");
-        assert!(out.status.success(), "hack/keycloak.sh failed");
+            .expect("run hack/jumpstarter/keycloak.sh");
+        assert!(out.status.success(), "hack/jumpstarter/keycloak.sh failed");
         let dist = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
         let java_home = std::fs::read_to_string(dist.join(".ucm-java-home")).unwrap();
         let dir = std::env::temp_dir().join(format!("ucm-keycloak-{}", std::process::id()));

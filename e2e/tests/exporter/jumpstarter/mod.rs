@@ -2,7 +2,7 @@
 //! `jumpstarter` 0.9.0 exporter (`jmp run` with a MockPower driver) and the `jmp` 0.9.0 client,
 //! all as local processes against the local control plane; `jmp admin` creates the Exporter and
 //! the Client and writes their configs from what ucm minted. The pinned packages come from PyPI
-//! through `hack/jumpstarter-venv.sh` (cached in ~/.cache/ucm); a missing prerequisite fails.
+//! through `hack/jumpstarter/venv.sh` (cached in ~/.cache/ucm); a missing prerequisite fails.
 //!
 //! The exporter trusts ucm's certificate with `tls.insecure` (it pins what the server presents);
 //! the client trusts it through `tls.ca`, and the router serves the same stored certificate, so

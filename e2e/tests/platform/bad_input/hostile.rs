@@ -1,5 +1,5 @@
-//! Hostile input (docs/runtime.md, "Unreadable objects"; README, "Reliability"): objects the
-//! schemas admit, written by a careless or hostile user.
+//! Hostile input (docs/runtime.md, "Unreadable objects"; docs/testing.md, "Reliability"): objects
+//! the schemas admit, written by a careless or hostile user.
 //! - an unreadable Lease does not stop lease assignment in its namespace, gets a condition
 //!   naming the field, and the schema refuses such timestamps with a message saying the limit;
 //! - Secrets (and export Pods) ucm did not create are never taken over;

@@ -1,5 +1,5 @@
-//! Bad input (README, "Reliability") against the local control plane, with one manager running
-//! every feature:
+//! Bad input (docs/testing.md, "Reliability") against the local control plane, with one manager
+//! running every feature:
 //! - the schema table: for each CRD ucm installs, every invalid shape its schema must refuse
 //!   (wrong enums, bad patterns, immutable fields, over-long strings, missing required fields,
 //!   wrong types, out-of-range numbers), checked against the API server's message;
@@ -7,7 +7,7 @@
 //!   reason and a message that says what to do;
 //! - throughout, a control object of each kind keeps reconciling and the manager never crashes.
 //!
-//! It prints the number of invalid inputs tried per CRD (the README's Reliability figure).
+//! It prints the number of invalid inputs tried per CRD (docs/testing.md, "Reliability").
 
 mod hostile;
 mod schema_cases;

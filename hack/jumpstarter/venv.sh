@@ -2,8 +2,8 @@
 # Creates (once) the virtualenv holding the pinned Jumpstarter 0.9.0 Python packages that the
 # wire-schema check and the real-exporter e2e tests use, and prints its path on stdout.
 #
-#   hack/jumpstarter-venv.sh            # prints e.g. /root/.cache/ucm/venv-jumpstarter-<hash>
-#   hack/jumpstarter-venv.sh NAME PIN...  # another set of pins: .../venv-NAME-<hash>
+#   hack/jumpstarter/venv.sh            # prints e.g. /root/.cache/ucm/venv-jumpstarter-<hash>
+#   hack/jumpstarter/venv.sh NAME PIN...  # another set of pins: .../venv-NAME-<hash>
 #                                         # (hack/conformance/venv.sh)
 #
 # UCM_JUMPSTARTER_VENV overrides the location. The directory name carries a hash of the pins, so

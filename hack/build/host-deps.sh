@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages `make image` (image) and `make node` (node) need, when missing.
 #   image: buildah builds the Dockerfile daemonless and writes an OCI archive (no registry).
-#   busybox: Debian's static busybox, for the node's helper and demo image (hack/image.sh node).
+#   busybox: Debian's static busybox, for the node's helper and demo image (hack/build/image.sh node).
 #   node:  containerd 1.6 + runc (crun 1.8 fails on hybrid cgroup v1 hosts), the bridge/host-local/
 #          loopback/portmap CNI plugins, iptables for the in-namespace DNAT to the API server.
 #   conformance: the upstream suite's own tools (nc for direct-listener; nft, dnsmasq and ping

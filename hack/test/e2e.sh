@@ -5,7 +5,7 @@
 # `--test <area>` (repeatable; a module path: `exporter`, `exporter::jumpstarter`,
 # `platform::faults`) runs only those tests (default: every e2e test); a name filter narrows
 # them, options (e.g. --nocapture, --skip <name>) go to the test binary:
-#   hack/e2e.sh --test exporter::jumpstarter [filter]      hack/e2e.sh oidc
+#   hack/test/e2e.sh --test exporter::jumpstarter [filter]      hack/test/e2e.sh oidc
 set -euo pipefail
 areas=()
 filters=()
@@ -31,7 +31,7 @@ while (($#)); do
       ;;
   esac
 done
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 if ((${#areas[@]})); then
   # One binary, so an area is a module path: pick its tests by name (`<area>::…`, containing one

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# `hack/image.sh [ucm]` (`make image`): the ucm container image as an OCI archive, built from
+# `hack/build/image.sh [ucm]` (`make image`): the ucm container image as an OCI archive, built from
 # ./Dockerfile by buildah (daemonless, rootful here) without a registry. The Dockerfile's `build`
 # stage (rust:alpine, from a registry) is replaced by a local directory holding a static glibc build and the host's CA
 # bundle (see the Dockerfile's header); the final FROM scratch stage is built as written.
 # Output: $UCM_IMAGE_ARCHIVE (default <target dir>/ucm-image.oci.tar), image
 # docker.io/library/ucm:<tag>, which is what config/default's `image: ucm` + newTag resolves to.
-# `hack/image.sh node` (`make node`): the local node's other images, as archives under
+# `hack/build/image.sh node` (`make node`): the local node's other images, as archives under
 # $UCM_CACHE/image: the Pod sandbox (localhost/ucm-pause:1, e2e/cmd/pause), CoreDNS, the
 # local-path provisioner and busybox (for the provisioner's helper Pods and the demos).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 out=${UCM_IMAGE_ARCHIVE:-$target_dir/ucm-image.oci.tar}
 cache=${UCM_CACHE:-$HOME/.cache/ucm}
 tag=$(awk '$1=="newTag:"{print $2; exit}' config/default/kustomization.yaml)
 ref=docker.io/library/ucm:$tag
-hack/host-deps.sh image
+hack/build/host-deps.sh image
 # Own storage under the cache: nothing shared with other buildah/podman users of the machine.
 buildah=(buildah --root "$cache/image/storage" --runroot "$cache/image/run")
 
@@ -37,7 +37,7 @@ small() {
 gomod() { awk -v m="$2" '$1==m{print $2; exit}' "e2e/tools/$1/go.mod"; }
 
 if [ "${1:-ucm}" = node ]; then
-  hack/host-deps.sh busybox
+  hack/build/host-deps.sh busybox
   # The Pod sandbox.
   small pause localhost/ucm-pause:1 65535:65535 '["/pause"]' e2e/bin/pause:/pause
   # CoreDNS and the local-path provisioner, from their Go modules (hack/node/addons.yaml).

@@ -6,10 +6,10 @@ protocol's source of truth. Importing them registers every file (and its imports
 google/api/annotations.proto) in protobuf's default pool; this script writes those files, in
 dependency order, as one FileDescriptorSet.
 
-    python3 hack/jumpstarter-fds.py OUT.fds      # write
-    python3 hack/jumpstarter-fds.py --check FILE # exit 1 if FILE differs from the package
+    python3 hack/jumpstarter/fds.py OUT.fds      # write
+    python3 hack/jumpstarter/fds.py --check FILE # exit 1 if FILE differs from the package
 
-Run it in a virtualenv holding `jumpstarter-protocol==0.9.0` (hack/jumpstarter-venv.sh makes one).
+Run it in a virtualenv holding `jumpstarter-protocol==0.9.0` (hack/jumpstarter/venv.sh makes one).
 """
 import importlib
 import pkgutil

@@ -3,7 +3,7 @@
 # for SOAK_MINUTES (default 10), prints its summary (also written to SOAK_SUMMARY, default
 # target/soak-summary.txt), stops the control plane.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=hack/lib/controlplane.sh
 source "$root/hack/lib/controlplane.sh"
 controlplane_up ucm-soak

@@ -4,7 +4,7 @@
 # libFuzzer's new inputs go to a scratch corpus. A crash stops the run with the reproducer's
 # path (`cargo fuzz run -s none <target> <file>` replays it).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root/fuzz"
 mkdir -p artifacts
 seconds=${FUZZ_SECONDS:-60}

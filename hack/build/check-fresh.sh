@@ -3,7 +3,7 @@
 # second `cargo build` compiles nothing, even after a `git status` has rewritten .git/index (as
 # editors, prompts and build scripts do). Run after a build of the same profile.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 cargo build --locked --bin ucm --quiet
 # What editors, prompts and git commands do between builds: read the status, rewrite the index.
 git status --porcelain >/dev/null

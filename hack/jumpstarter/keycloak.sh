@@ -2,7 +2,7 @@
 # Fetches (once) the Keycloak server the OIDC e2e tests sign in against, pre-builds it for an
 # in-memory database and prints the distribution's path on stdout.
 #
-#   hack/keycloak.sh            # prints e.g. /root/.cache/ucm/keycloak-26.7.3
+#   hack/jumpstarter/keycloak.sh            # prints e.g. /root/.cache/ucm/keycloak-26.7.3
 #
 # The zip comes from Maven Central (org.keycloak:keycloak-quarkus-dist) and must match the pinned
 # SHA-512. `kc.sh build` runs here once, so each test start is `kc.sh start --optimized` (seconds,
@@ -24,7 +24,7 @@ java_home() {
       return 0
     fi
   done
-  echo "hack/keycloak.sh: Keycloak $version needs Java 21 or later; set JAVA_HOME" >&2
+  echo "hack/jumpstarter/keycloak.sh: Keycloak $version needs Java 21 or later; set JAVA_HOME" >&2
   return 1
 }
 
@@ -39,10 +39,10 @@ if [[ ! -f "$dist/.ucm-stamp" || "$(cat "$dist/.ucm-stamp")" != "$stamp" ]]; the
   jh=$(java_home)
   zip=$cache/keycloak-$version.zip
   if [[ ! -f "$zip" ]] || ! echo "$sha512  $zip" | sha512sum --check --status; then
-    echo "hack/keycloak.sh: downloading $url" >&2
+    echo "hack/jumpstarter/keycloak.sh: downloading $url" >&2
     curl --fail --location --silent --show-error --retry 3 -o "$zip.part" "$url"
     if ! echo "$sha512  $zip.part" | sha512sum --check --status; then
-      echo "hack/keycloak.sh: $url does not match the pinned SHA-512" >&2
+      echo "hack/jumpstarter/keycloak.sh: $url does not match the pinned SHA-512" >&2
       rm -f "$zip.part"
       exit 1
     fi
