@@ -133,8 +133,13 @@ impl Context {
         if diskful && let Err(msg) = self.backend_for(vol) {
             return self.refuse(s, msg).await;
         }
+        let others: Vec<String> = vol
+            .replica_nodes()
+            .into_iter()
+            .filter(|n| *n != self.node)
+            .collect();
         let status = match self.barrier.status(&v).await {
-            Ok(Some(st)) => st,
+            Ok(Some(st)) => st.name_peer(&others),
             Ok(None) => {
                 return self
                     .refuse(
@@ -274,8 +279,13 @@ impl Context {
         let since_raise = self.journal_get(&key.0).map(|e| self.since_raise(&e));
         if replicated {
             // The kernel view (precondition 3 of "Raise and cut") and I2, read once before the cut.
+            let others: Vec<String> = vol
+                .replica_nodes()
+                .into_iter()
+                .filter(|n| *n != self.node)
+                .collect();
             let status = match self.barrier.status(&v).await {
-                Ok(Some(st)) => st,
+                Ok(Some(st)) => st.name_peer(&others),
                 Ok(None) => {
                     return self
                         .failed(
