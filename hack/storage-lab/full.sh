@@ -34,9 +34,15 @@ print(json.dumps({"kind": "bare", "snapshot": f"bare-{sys.argv[8]}", "volume": "
 PY
 }
 
-log "pause figures: $rounds rounds of vol1 through ucm, then $rounds bare sequences"
-for i in $(seq "$rounds"); do round vol1 "r$i" lab-a lab-b; done
-for i in $(seq "$rounds"); do bare_round "$i"; done
+# Alternated, so both see the same load on the host.
+log "pause figures: $rounds rounds of vol1 through ucm, each followed by the bare sequence"
+for i in $(seq "$rounds"); do
+  round vol1 "r$i" lab-a lab-b
+  bare_round "$i"
+done
 python3 "$here/verify.py" summary "$results" | tee "$SL_CACHE/last-figures.json"
+# Into bench/results.json (phase storage); `make bench`'s report renders bench/results.md.
+python3 "$here/verify.py" bench "$SL_CACHE/last-figures.json" "$root/bench/results.json" \
+  "$(git -C "$root" rev-parse --short HEAD)"
 . "$here/failures.sh"
 log "the whole lab passed"

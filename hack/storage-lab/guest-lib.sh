@@ -52,7 +52,7 @@ check_snap() {
   e2fsck -fn "/dev/$lv" >/tmp/fsck.out 2>&1; rc=$?
   echo "fsck=$rc"; [ $rc = 0 ] || cat /tmp/fsck.out
   if [ "$3" = records ]; then
-    mkdir -p /mnt/check && mount -o ro,noload "/dev/$lv" /mnt/check && {
+    mkdir -p /mnt/check && mount -t ext4 -o ro,noload "/dev/$lv" /mnt/check && {
       echo "records-begin"; cat /mnt/check/records; echo "records-end"; umount /mnt/check; }
   fi
   lvchange -q -an "$lv"

@@ -51,7 +51,6 @@ cleanup() {
   controlplane_down 2>/dev/null || true
 }
 qemu_pids=()
-trap cleanup EXIT
 
 # --- The payload disk: ucm (the shipped binary, debug info stripped) with its libraries, the
 # writer, the agent's pools file and kubeconfig. ---
@@ -68,6 +67,9 @@ P
 
 # --- Control plane on the host; the guests' kubeconfig points at 10.0.2.2. ---
 controlplane_up storage-lab
+# After controlplane_up, whose own EXIT trap this replaces (cleanup calls controlplane_down).
+trap cleanup EXIT
+trap "exit 130" INT TERM
 kc=$UCM_E2E_KUBECONFIG
 k() { "$KUBECTL" --kubeconfig "$kc" "$@"; }
 api_port=$(k config view --minify -o jsonpath='{.clusters[0].cluster.server}' | sed 's/.*://')

@@ -12,7 +12,9 @@ JSON logs ("barrier raised", "cut", "barrier lifted"), the first log the Primary
 seconds) and per leg the breakdown in milliseconds.
 
 verify.py summary RESULTS.jsonl: median and p99 of the writer stall and of each leg's IO pause
-over the replicated rounds, and of the bare sequence's."""
+over the replicated rounds, and of the bare sequence's.
+
+verify.py bench SUMMARY.json bench/results.json COMMIT: those figures into the bench results."""
 import json, sys
 
 
@@ -95,6 +97,44 @@ def summary(path):
     print(json.dumps(out, indent=1))
 
 
+def bench(summary_path, results_path, commit):
+    """Writes the lab's pause figures into bench/results.json as phase `storage` (rendered into
+    bench/results.md by `make bench`'s report, section "Snapshot pause on real storage")."""
+    from datetime import datetime, timezone
+    fig = json.load(open(summary_path))
+    ucm, bare = fig["ucm"], fig["bare"]
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rounds = ucm["rounds"]
+
+    def breakdown(f, leg):
+        parts = [(k.split(".", 1)[1], v["median"]) for k, v in f.items() if k.startswith(leg + ".")]
+        return ", ".join(f"{k[:-3]} {v:g}" for k, v in parts if k != "io_pause_ms")
+
+    out = []
+
+    def add(fid, title, value, ref, ref_what, note):
+        out.append({"id": f"storage.{fid}", "phase": "storage", "title": title, "unit": "ms",
+                    "samples": [value], "median": value, "min": value, "max": value,
+                    "reference": {"value": ref, "what": ref_what, "measured": True},
+                    "ratio": value / ref if ref else None, "better": "lower", "note": note,
+                    "rerun": "make storage-lab", "measured_at": now})
+
+    for q in ("median", "p99"):
+        add(f"writer_stall_{q}", f"writer stall per round, 2-replica DRBD 9 volume: {q} ({rounds} rounds)",
+            ucm["writer_stall_ms"][q], bare["writer_stall_ms"][q],
+            f"the bare sequence's {q} without ucm, same guests", "longest gap between two acknowledged fdatasync'ed records around the round")
+        for leg, who in (("lab-a", "Primary"), ("lab-b", "Secondary")):
+            add(f"io_pause_{leg}_{q}", f"IO pause of the {who} leg (freeze or suspend to resume and thaw): {q}",
+                ucm[f"{leg}.io_pause_ms"][q], bare[f"{leg}.io_pause_ms"][q],
+                f"the bare sequence's {q}, same guests",
+                f"ucm medians (ms): {breakdown(ucm, leg)}; bare: {breakdown(bare, leg)}")
+    data = json.load(open(results_path))
+    data["figures"] = [f for f in data["figures"] if f["phase"] != "storage"] + out
+    data["meta"]["commit (storage lab)"] = commit
+    data["meta"]["date (storage lab)"] = now
+    json.dump(data, open(results_path, "w"), indent=2, ensure_ascii=False)
+
+
 def records():
     rec_path, ack_path, raised, lifted = sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
     data = open(rec_path, "rb").read()
@@ -132,5 +172,7 @@ elif sys.argv[1] == "times":
     times(sys.argv[2], sys.argv[3], sys.argv[3:])
 elif sys.argv[1] == "summary":
     summary(sys.argv[2])
+elif sys.argv[1] == "bench":
+    bench(sys.argv[2], sys.argv[3], sys.argv[4])
 else:
     sys.exit("usage: verify.py records|times|summary ...")
