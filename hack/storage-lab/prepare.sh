@@ -17,7 +17,8 @@ mkdir -p "$SL_CACHE"
 
 # 1. Host packages (the emulator, the storage tools copied into the guests, DRBD's build deps).
 pkgs=(qemu-system-x86 busybox-static drbd-utils lvm2 thin-provisioning-tools e2fsprogs xfsprogs
-      util-linux kmod curl cpio coccinelle flex bison libelf-dev "linux-headers-$SL_KVER")
+      util-linux kmod curl cpio coccinelle flex bison libelf-dev libc6-dev binutils gcc python3
+      "linux-headers-$SL_KVER")
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
