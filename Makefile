@@ -31,7 +31,7 @@ GO_SOURCES  := $(shell find e2e/cmd/kharness -name '*.go' 2>/dev/null) e2e/go.mo
 export GOTOOLCHAIN := local
 
 .PHONY: build lint fmt unit crds crds-check fresh-check cluster e2e test test-deps run bench fuzz soak image node node-down node-check node-e2e \
-        conformance conformance-ci
+        conformance conformance-ci storage-lab storage-lab-ci
 
 build:
 	$(CARGO) build
@@ -183,7 +183,19 @@ test-deps:
 fresh-check: build
 	hack/build/check-fresh.sh
 
-test: test-deps lint crds-check fresh-check unit e2e node-e2e conformance-ci
+# The storage lab (docs/snapshot.md, "Testing"): QEMU guests with Debian's cloud kernel, real DRBD
+# 9.3.3, LVM thin and ext4, the shipped agent in each guest against a local control plane
+# (hack/storage-lab/lab.sh; root). Kernel, DRBD modules and initramfs are cached under
+# ~/.cache/ucm/storage-lab. `storage-lab-ci`: one replicated and one unreplicated round;
+# `storage-lab`: the whole lab (ROUNDS rounds with pause figures, the bare sequence, failure paths).
+ROUNDS ?= 20
+storage-lab-ci: build $(KHARNESS) $(KUBECTL)
+	UCM=$(UCM) hack/storage-lab/lab.sh --ci
+
+storage-lab: build $(KHARNESS) $(KUBECTL)
+	UCM=$(UCM) hack/storage-lab/lab.sh --rounds $(ROUNDS)
+
+test: test-deps lint crds-check fresh-check unit e2e node-e2e conformance-ci storage-lab-ci
 
 # `make run`: config/default as shipped on a real local node, with a demo for every feature
 # (hack/demo/run-node.sh; root). `make run LOCAL=1`, and any run without root: the manager as a local

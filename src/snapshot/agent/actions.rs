@@ -133,8 +133,13 @@ impl Context {
         if diskful && let Err(msg) = self.backend_for(vol) {
             return self.refuse(s, msg).await;
         }
+        let others: Vec<String> = vol
+            .replica_nodes()
+            .into_iter()
+            .filter(|n| *n != self.node)
+            .collect();
         let status = match self.barrier.status(&v).await {
-            Ok(Some(st)) => st,
+            Ok(Some(st)) => st.name_peer(&others),
             Ok(None) => {
                 return self
                     .refuse(
@@ -191,13 +196,30 @@ impl Context {
                     .raise_failed(s, &key, &entry, format!("journal: {e}"))
                     .await;
             }
-            if let Err(e) = self.barrier.freeze(&v, mp).await {
-                return self.raise_failed(s, &key, &entry, e.0).await;
-            }
         }
+        // The writers' IO pause starts here (docs/snapshot.md, "Metrics and alert").
+        let paused_at = Timestamp::now();
+        let pause = Instant::now();
+        self.mem
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .paused
+            .entry(uid.clone())
+            .or_insert(pause);
+        if let Some(mp) = &mountpoint
+            && let Err(e) = self.barrier.freeze(&v, mp).await
+        {
+            return self.raise_failed(s, &key, &entry, e.0).await;
+        }
+        let frozen = pause.elapsed();
         if let Err(e) = self.barrier.suspend(&v).await {
             return self.raise_failed(s, &key, &entry, e.0).await;
         }
+        info!(
+            volume = %v, snapshot = %s.name_any(), %paused_at,
+            freeze_ms = ms(frozen), suspend_ms = ms(pause.elapsed() - frozen),
+            "barrier raised"
+        );
         self.clear_failures(&key);
         let next = self.write_slot(s, SlotState::Suspended).await;
         self.update_gauge().await;
@@ -224,11 +246,11 @@ impl Context {
             warn!(volume = %entry.volume, error = %e, "resume-io after a failed raise failed");
         }
         let _ = self.journal_remove(&entry.uid);
-        self.mem
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .raised
-            .remove(&entry.uid);
+        {
+            let mut m = self.mem.lock().unwrap_or_else(|p| p.into_inner());
+            m.raised.remove(&entry.uid);
+            m.paused.remove(&entry.uid);
+        }
         self.update_gauge().await;
         self.failed(
             s,
@@ -257,8 +279,13 @@ impl Context {
         let since_raise = self.journal_get(&key.0).map(|e| self.since_raise(&e));
         if replicated {
             // The kernel view (precondition 3 of "Raise and cut") and I2, read once before the cut.
+            let others: Vec<String> = vol
+                .replica_nodes()
+                .into_iter()
+                .filter(|n| *n != self.node)
+                .collect();
             let status = match self.barrier.status(&v).await {
-                Ok(Some(st)) => st,
+                Ok(Some(st)) => st.name_peer(&others),
                 Ok(None) => {
                     return self
                         .failed(
@@ -317,6 +344,7 @@ impl Context {
         if !decide::before_cutoff(&key.1, since_raise, Timestamp::now(), &self.settings) {
             return Next::Until(None);
         }
+        let started_at = Timestamp::now();
         let t0 = Instant::now();
         let res = async {
             backend.sync(&v).await?;
@@ -333,6 +361,10 @@ impl Context {
         if let Err(e) = res {
             return self.failed(s, &key, event::CUT_FAILED, e.to_string()).await;
         }
+        info!(
+            volume = %v, snapshot = %name, backend = backend.kind().as_str(), %started_at,
+            cut_ms = ms(took), "cut"
+        );
         self.barrier.note_cut(&v, &name, took).await;
         self.clear_failures(&key);
         // I7: a cut that finished after the cutoff is not reported.
@@ -359,21 +391,24 @@ impl Context {
                 self.event(s, true, event::BARRIER_STUCK, "Lift", msg).await;
             }
         };
+        let t0 = Instant::now();
         if let Err(err) = self.barrier.resume(&e.volume).await {
             stuck(format!("resume-io {}: {}", e.volume, err.0)).await;
             return Err(());
         }
+        let resumed = t0.elapsed();
         if let Some(mp) = &e.mountpoint
             && let Err(err) = self.barrier.thaw(&e.volume, mp).await
         {
             stuck(format!("thaw {}: {}", mp.display(), err.0)).await;
             return Err(());
         }
+        let thawed = t0.elapsed() - resumed;
         let _ = self.journal_remove(&e.uid);
-        let raised = {
+        let (raised, paused) = {
             let mut m = self.mem.lock().unwrap_or_else(|p| p.into_inner());
             m.stuck.remove(&e.uid);
-            m.raised.remove(&e.uid)
+            (m.raised.remove(&e.uid), m.paused.remove(&e.uid))
         };
         let backend = self
             .volume(&e.volume)
@@ -386,8 +421,21 @@ impl Context {
                 .with_label_values(&[backend])
                 .observe(t.elapsed().as_secs_f64());
         }
+        let pause = paused.map(|t| t.elapsed());
+        if let Some(p) = pause {
+            self.metrics
+                .io_pause_seconds
+                .with_label_values(&[backend])
+                .observe(p.as_secs_f64());
+        }
         self.update_gauge().await;
-        info!(volume = %e.volume, snapshot = %e.snapshot, "barrier lifted");
+        // The breakdown of the pause (docs/snapshot.md, "Metrics and alert"): the raise logged
+        // freeze and suspend, the cut its own time; the rest is waiting for the other legs.
+        info!(
+            volume = %e.volume, snapshot = %e.snapshot, lifted_at = %Timestamp::now(),
+            io_pause_ms = pause.map(ms), resume_ms = ms(resumed), thaw_ms = ms(thawed),
+            "barrier lifted"
+        );
         Ok(())
     }
 
@@ -480,4 +528,9 @@ impl Context {
             .insert(key, p);
         p
     }
+}
+
+/// Milliseconds with microsecond precision, for the timing fields of the logs.
+fn ms(d: Duration) -> f64 {
+    (d.as_micros() as f64) / 1000.0
 }

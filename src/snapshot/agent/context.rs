@@ -65,6 +65,9 @@ pub(super) type RoundKey = (String, String);
 pub(super) struct Memory {
     /// Monotonic raise time per snapshot uid (this process's raises).
     pub(super) raised: HashMap<String, Instant>,
+    /// When this process's freeze (or suspend, without a file system) began, per snapshot uid:
+    /// the start of the writers' IO pause (docs/snapshot.md, "Metrics and alert").
+    pub(super) paused: HashMap<String, Instant>,
     /// The most advanced slot of each node this agent has written or seen, per round (masks a
     /// stale copy; see [`merge_seen`]).
     pub(super) seen: HashMap<RoundKey, BTreeMap<String, SlotState>>,

@@ -50,6 +50,18 @@ impl ResourceStatus {
         self.role == "Primary"
     }
 
+    /// DRBD 8.4 does not name its peer in `events2` (`conn-name:peer`; it has exactly one): give
+    /// a single peer that is none of the volume's nodes the volume's only other node, so the
+    /// checks below can name it.
+    pub fn name_peer(mut self, others: &[String]) -> Self {
+        if let ([p], [other]) = (self.peers.as_mut_slice(), others)
+            && !others.contains(&p.node)
+        {
+            p.node = other.clone();
+        }
+        self
+    }
+
     /// Connected peers that are Primary: the write origin when it is not this node (I2).
     pub fn primary_peers(&self) -> Vec<String> {
         self.peers
@@ -108,9 +120,9 @@ pub fn flag_free(
 pub trait Barrier: Send + Sync {
     /// The resource's state on this node; None when it is not configured here.
     fn status<'a>(&'a self, resource: &'a str) -> BoxFuture<'a, Result<Option<ResourceStatus>>>;
-    /// `drbdadm suspend-io`; idempotent.
+    /// `suspend-io`; idempotent.
     fn suspend<'a>(&'a self, resource: &'a str) -> BoxFuture<'a, Result<()>>;
-    /// `drbdadm resume-io`; idempotent.
+    /// `resume-io`; idempotent.
     fn resume<'a>(&'a self, resource: &'a str) -> BoxFuture<'a, Result<()>>;
     /// Resources on this node with the user-suspend flag set.
     fn suspended(&self) -> BoxFuture<'_, Result<Vec<String>>>;

@@ -1,0 +1,61 @@
+# Sourced by full.sh: failure paths on real storage (docs/snapshot.md, "Deadline, void and
+# recovery"). Each ends with the round recut, checked like any other, and nothing left
+# suspended or frozen.
+
+# until_log GUEST SNAP MESSAGE: waits for the agent on GUEST to log MESSAGE for SNAP.
+until_log() {
+  for _ in $(seq 240); do
+    rpc "$1" "grep '\"snapshot\":\"$2\"' /tmp/agent.log | grep -q '\"message\":\"$3\"'" && return 0
+    sleep 0.5
+  done
+  die "the agent on $1 never logged \"$3\" for $2"
+}
+not_suspended() { # GUEST WITHIN_SECONDS
+  for _ in $(seq $(($2 * 2))); do
+    rpc "$1" "drbdsetup events2 --now vol1" | grep -q '^exists resource .*suspended:no' && return 0
+    sleep 0.5
+  done
+  die "DRBD vol1 on $1 still suspended $2 s later: $(rpc "$1" 'drbdsetup events2 --now vol1')"
+}
+writer_moves() { # within 10 s of now, the writer on lab-a acknowledges a new record
+  local n0 n1; n0=$(rpc lab-a "wc -l < /tmp/acks-vol1"); sleep 3; n1=$(rpc lab-a "wc -l < /tmp/acks-vol1")
+  ((n1 > n0)) || die "the writer on lab-a is stuck ($1)"
+}
+
+# 1. SIGKILL of lab-b's agent while its barrier is up. lab-a lifts at the deadline at the
+# latest; the agent restarted (as its DaemonSet would) finds its journal and lifts lab-b's
+# barrier; the next round recuts.
+log "failure path: SIGKILL of lab-b's agent mid-round"
+snapshot kill-agent vol1
+until_log lab-b kill-agent "barrier raised"
+rpc lab-b 'kill -9 $(cat /tmp/agent.pid)' >/dev/null
+t_kill=$(date +%s)
+# lab-a holds its barrier until the deadline (60 s after the round opened) voids the round.
+until_log lab-a kill-agent "barrier lifted"
+not_suspended lab-a 5
+writer_moves "after the SIGKILL of lab-b's agent"
+log "lab-a lifted $(( $(date +%s) - t_kill )) s after the kill (the deadline); restarting lab-b's agent"
+rpc lab-b ". guest-lib.sh; start_agent lab-b" >/dev/null
+not_suspended lab-b 60
+check_round vol1 kill-agent lab-a lab-b
+
+# 2. lab-b powered off while its barrier is up: lab-a lifts at the deadline at the latest and
+# its writer goes on; lab-b boots again from its disk, DRBD resyncs, the round recuts.
+log "failure path: lab-b powered off mid-round"
+snapshot power-off vol1
+until_log lab-b power-off "barrier raised"
+kill -9 "$pid_lab_b"; wait "$pid_lab_b" 2>/dev/null || true
+t_off=$(date +%s)
+until_log lab-a power-off "barrier lifted"
+not_suspended lab-a 5
+writer_moves "with lab-b powered off"
+log "lab-a lifted $(( $(date +%s) - t_off )) s after lab-b went off; booting lab-b again"
+: >"$work/console-lab-b.log"
+boot lab-b 192.168.100.2 9 "$accel" 384 -netdev "socket,id=p,connect=127.0.0.1:$link" -device virtio-net-pci,netdev=p
+wait_ready lab-b 180 || die "lab-b did not boot again"
+rpc lab-b ". guest-lib.sh; vgchange -q -ay vg0 >/dev/null && mkdir -p /etc/drbd.d &&
+  echo 'include \"/etc/drbd.d/*.res\";' > /etc/drbd.conf &&
+  drbd_conf vol1 0 7789 lab-a:192.168.100.1 lab-b:192.168.100.2 && drbdadm up vol1 && start_agent lab-b" \
+  >"$work/reboot-lab-b.log" 2>&1 || { cat "$work/reboot-lab-b.log" >&2; die "lab-b's storage after the reboot"; }
+check_round vol1 power-off lab-a lab-b
+log "failure paths passed: no leg left suspended or frozen, both rounds recut and checked"

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# The storage lab (docs/snapshot.md, "Testing"): two QEMU guests booting Debian's cloud kernel
+# with real DRBD 9.3.3, LVM thin and ext4, each running the shipped `ucm snapshot-agent` as a
+# storage node against the local control plane on the host, where `ucm manager` runs with only
+# the snapshot feature. MiroirSnapshots are created through the API while a writer appends
+# fsync'ed records, and every Ready snapshot is checked as a user would (verify.py).
+#
+#   lab.sh --ci            one replicated and one unreplicated round (run by `make test`)
+#   lab.sh [--rounds N]    the whole lab: N rounds (default 20) with pause figures, the bare
+#                          sequence without ucm in the same guests, and the failure paths
+#
+# Guests reach the host only at 10.0.2.2 (QEMU user networking; the host's loopback; no default
+# route) and each other over a QEMU socket link on 127.0.0.1. Needs root and $UCM (built).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+. "$here/config.sh"
+. "$root/hack/lib/controlplane.sh"
+. "$here/host-lib.sh"
+
+mode=full rounds=20
+while (($#)); do
+  case $1 in
+    --ci) mode=ci; shift ;;
+    --rounds) rounds=$2; shift 2 ;;
+    *) echo "usage: lab.sh [--ci] [--rounds N]" >&2; exit 2 ;;
+  esac
+done
+UCM=${UCM:-${CARGO_TARGET_DIR:-$root/target}/debug/ucm}
+KUBECTL=$root/e2e/bin/kubectl
+start=$(date +%s)
+log() { echo "storage-lab [$(($(date +%s) - start))s]: $*" >&2; }
+die() { echo "storage-lab: FAILED: $*" >&2; exit 1; }
+[[ -x $UCM ]] || die "no ucm binary at $UCM (cargo build first)"
+[[ -x $root/e2e/bin/kharness && -x $KUBECTL ]] || die "no e2e/bin/kharness or kubectl (make cluster)"
+command -v python3 >/dev/null || die "python3 missing"
+
+eval "$("$here/prepare.sh")"
+work=$(mktemp -d /tmp/storage-lab-XXXXXX)
+guests=()
+cleanup() {
+  local rc=$?
+  for pid in "${qemu_pids[@]:-}"; do [[ -n $pid ]] && kill "$pid" 2>/dev/null || true; done
+  [[ -n ${manager_pid:-} ]] && kill "$manager_pid" 2>/dev/null || true
+  if ((rc != 0)); then
+    log "failed; logs kept in $work (console-*.log, manager.log, agent-*.log)"
+    for g in "${guests[@]}"; do tail -n 15 "$work/console-$g.log" 2>/dev/null | sed "s/^/[$g console] /" >&2; done
+  else
+    rm -rf "$work"
+  fi
+  controlplane_down 2>/dev/null || true
+}
+qemu_pids=()
+
+# --- The payload disk: ucm (the shipped binary, debug info stripped) with its libraries, the
+# writer, the agent's pools file and kubeconfig. ---
+pay=$work/payload
+mkdir -p "$pay/bin" "$pay/lib"
+objcopy --strip-debug "$UCM" "$pay/bin/ucm"
+ldd "$UCM" | awk '/=>/{print $3}' | while read -r l; do if [[ -f $l ]]; then cp -L "$l" "$pay/lib/"; fi; done
+gcc -static -O2 -o "$pay/bin/writer" "$here/writer.c" || die "gcc -static writer.c (libc6-dev)"
+cp "$here/guest-lib.sh" "$pay/bin/"
+cat > "$pay/pools.yaml" <<'P'
+pools:
+  default: {backend: lvmthin, volumeGroup: vg0}
+P
+
+# --- Control plane on the host; the guests' kubeconfig points at 10.0.2.2. ---
+controlplane_up storage-lab
+# After controlplane_up, whose own EXIT trap this replaces (cleanup calls controlplane_down).
+trap cleanup EXIT
+trap "exit 130" INT TERM
+kc=$UCM_E2E_KUBECONFIG
+k() { "$KUBECTL" --kubeconfig "$kc" "$@"; }
+api_port=$(k config view --minify -o jsonpath='{.clusters[0].cluster.server}' | sed 's/.*://')
+k config view --raw --minify --flatten > "$pay/kubeconfig"
+cluster=$(k config view --minify -o jsonpath='{.clusters[0].name}')
+"$KUBECTL" --kubeconfig "$pay/kubeconfig" config set-cluster "$cluster" \
+  --server="https://10.0.2.2:$api_port" --tls-server-name=kubernetes >/dev/null
+k apply -f "$root/crds" >/dev/null
+
+payimg=$work/payload.img
+mb=$(( $(du -sm "$pay" | cut -f1) + 32 ))
+truncate -s "${mb}M" "$payimg"
+mke2fs -q -F -t ext4 -d "$pay" "$payimg" || die "mke2fs -d payload"
+
+# --- Accelerator: KVM when it boots the guest kernel, TCG otherwise (probed once per host). ---
+accel_file=$SL_CACHE/accel-$(uname -r)-$SL_KVER
+if [[ ! -f $accel_file ]]; then
+  accel=tcg,tb-size=64
+  if [[ -r /dev/kvm ]]; then
+    boot probe 192.168.99.1 84 kvm 256
+    if wait_ready probe 40; then accel=kvm; fi
+    kill "$pid_probe" 2>/dev/null || true; wait "$pid_probe" 2>/dev/null || true
+    guests=(); qemu_pids=()
+  fi
+  echo "$accel" > "$accel_file"
+fi
+accel=$(cat "$accel_file")
+log "accelerator: $accel ($( [[ $accel == kvm ]] && echo 'KVM boots the guest kernel' || echo 'software emulation: /dev/kvm does not boot the guest kernel here' ))"
+
+link=$(( 40000 + RANDOM % 20000 ))
+boot lab-a 192.168.100.1 9 "$accel" 384 -netdev "socket,id=p,listen=127.0.0.1:$link" -device virtio-net-pci,netdev=p
+sleep 0.5
+boot lab-b 192.168.100.2 9 "$accel" 384 -netdev "socket,id=p,connect=127.0.0.1:$link" -device virtio-net-pci,netdev=p
+for g in lab-a lab-b; do wait_ready "$g" 180 || die "guest $g did not boot"; done
+log "guests lab-a and lab-b up ($(grep -aho 'version: [0-9.]*' "$work/console-lab-a.log" | head -1 | sed 's/version/DRBD/'))"
+
+# --- Storage in the guests: VG vg0 with a thin pool; vol1 = thin LV under DRBD resource vol1 on
+# both guests (Primary + ext4 on lab-a); vol2 = an unreplicated thin LV with ext4 on lab-a. ---
+for g in lab-a lab-b; do
+  rpc "$g" ". guest-lib.sh; setup_vg && lvcreate -q -V 128M -T vg0/pool -n vol1 && mkdir -p /etc/drbd.d &&
+       echo 'include \"/etc/drbd.d/*.res\";' > /etc/drbd.conf &&
+       drbd_conf vol1 0 7789 lab-a:192.168.100.1 lab-b:192.168.100.2 &&
+       drbdadm create-md --force vol1 >/dev/null && drbdadm up vol1" >"$work/setup-$g.log" 2>&1 \
+    || { cat "$work/setup-$g.log" >&2; die "storage setup in $g"; }
+done
+for i in $(seq 120); do
+  rpc lab-a "drbdsetup events2 --now vol1" 2>/dev/null | grep -q 'connection .*connection:Connected' && break
+  ((i == 120)) && die "DRBD vol1 did not connect: $(rpc lab-a 'drbdsetup status vol1')"
+  sleep 1
+done
+rpc lab-a ". guest-lib.sh; drbdadm new-current-uuid --clear-bitmap vol1/0 && drbdadm primary vol1 &&
+  mkfs.ext4 -q /dev/drbd0 && mkdir -p /mnt/vol1 && mount /dev/drbd0 /mnt/vol1 &&
+  lvcreate -q -V 64M -T vg0/pool -n vol2 && mkfs.ext4 -q /dev/vg0/vol2 && mkdir -p /mnt/vol2 && mount /dev/vg0/vol2 /mnt/vol2" \
+  >"$work/setup-primary.log" 2>&1 || { cat "$work/setup-primary.log" >&2; die "Primary setup"; }
+drbd_bytes=$(rpc lab-a "blockdev --getsize64 /dev/drbd0")
+drbd_version=$(rpc lab-a "head -1 /proc/drbd")
+log "DRBD $drbd_version: vol1 Primary on lab-a ($drbd_bytes bytes, ext4), vol2 unreplicated lvmthin (ext4)"
+
+# --- ucm: agents in the guests, the manager on the host (snapshot feature only). ---
+for g in lab-a lab-b; do rpc "$g" ". guest-lib.sh; start_agent $g" >/dev/null || die "agent start in $g"; done
+mport=$(( 30000 + RANDOM % 10000 ))
+flags=()
+for f in exporter snapshot vmexport; do flags+=("--enable-$f=$([[ $f == snapshot ]] && echo true || echo false)"); done
+"$UCM" manager --kubeconfig="$kc" --namespace=default "${flags[@]}" --log-format=json \
+  --metrics-bind-address="127.0.0.1:$mport" --health-probe-bind-address="127.0.0.1:$((mport + 1))" \
+  >"$work/manager.log" 2>&1 &
+manager_pid=$!
+
+volume() { # NAME NODE...
+  local name=$1; shift
+  local reps="" per=""
+  for n in "$@"; do
+    reps+="${reps:+,}{\"node\":\"$n\",\"backend\":\"lvmthin\"}"
+    per+="${per:+,}\"$n\":{\"deviceCreated\":true,\"diskState\":\"UpToDate\",\"splitBrain\":false}"
+  done
+  echo "{\"apiVersion\":\"miroir.home-operations.com/v1alpha1\",\"kind\":\"MiroirVolume\",\"metadata\":{\"name\":\"$name\"},
+        \"spec\":{\"sizeBytes\":134217728,\"replicas\":[$reps],\"drbd\":{\"port\":7789}}}" | k create -f - >/dev/null
+  k patch miroirvolume "$name" --subresource=status --type=merge \
+    -p "{\"status\":{\"formatted\":true,\"perNode\":{$per}}}" >/dev/null
+}
+volume vol1 lab-a lab-b
+volume vol2 lab-a
+rpc lab-a ". guest-lib.sh; start_writer /mnt/vol1 vol1; start_writer /mnt/vol2 vol2" >/dev/null || die "writer start"
+
+# Wait for both agents' heartbeats (their Leases) before the first round.
+for i in $(seq 120); do
+  n=$(k get leases -n default -o name 2>/dev/null | grep -c 'lab-' || true)
+  ((n >= 2)) && break
+  ((i == 120)) && { rpc lab-a "tail -20 /tmp/agent.log" >&2; die "the agents did not come up"; }
+  sleep 1
+done
+log "agents alive on lab-a and lab-b; manager on the host"
+
+. "$here/rounds.sh"
