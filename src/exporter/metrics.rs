@@ -259,7 +259,7 @@ pub fn queue_lengths<'a>(
     for l in leases {
         let ns = l.metadata.namespace.clone().unwrap_or_default();
         let n = out.entry(ns).or_insert(0);
-        if crate::exporter::lease::queue::is_waiting(l, now) {
+        if crate::exporter::decide::lease::queue::is_waiting(l, now) {
             *n += 1;
         }
     }

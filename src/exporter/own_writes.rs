@@ -19,7 +19,7 @@ type Key = (String, String);
 
 use crate::exporter::auth::token;
 use crate::exporter::crd::{Lease, LeaseStatus};
-use crate::exporter::lease::assign::{self, Assignment};
+use crate::exporter::decide::lease::assign::{self, Assignment};
 use crate::runtime::controller::Guarded;
 
 /// In-flight assignments: (namespace, lease) → (exporter, spot access).

@@ -14,7 +14,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::exporter::context::{Caches, Context, Wakeups};
 use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
-use crate::exporter::lease::queue;
+use crate::exporter::decide::lease::queue;
 use crate::exporter::{apply, grpc, metrics, own_writes, settings, startup};
 use crate::runtime::controller::{Guarded, drop_managed_fields, run};
 use crate::runtime::{Runtime, Trigger};
@@ -308,13 +308,13 @@ fn pending_leases(
         .filter_map(|g| g.0.as_ref().ok())
         .filter(|l| {
             l.metadata.namespace.as_deref() == Some(ns)
-                && crate::exporter::lease::assign::is_active(l)
+                && crate::exporter::decide::lease::assign::is_active(l)
                 && crate::conditions::is_true(
                     l.status
                         .as_ref()
                         .and_then(|s| s.conditions.as_deref())
                         .unwrap_or_default(),
-                    crate::exporter::lease::assign::PENDING,
+                    crate::exporter::decide::lease::assign::PENDING,
                 )
                 && pick(l)
         })
@@ -330,8 +330,8 @@ fn pending_leases(
 fn active_lease_watch() -> watcher::Config {
     watcher::Config::default().labels(&format!(
         "{}!={}",
-        crate::exporter::lease::assign::ENDED_LABEL,
-        crate::exporter::lease::assign::ENDED_VALUE
+        crate::exporter::decide::lease::assign::ENDED_LABEL,
+        crate::exporter::decide::lease::assign::ENDED_VALUE
     ))
 }
 

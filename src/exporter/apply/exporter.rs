@@ -15,7 +15,7 @@ use crate::exporter::apply::{emit, gone_is_done, requeue};
 use crate::exporter::context::{Caches, Context, Error};
 use crate::exporter::crd::{Exporter, Lease};
 use crate::exporter::decide::exporter::{self as exporter_status, HeldLease};
-use crate::exporter::lease::assign;
+use crate::exporter::decide::lease::assign;
 use crate::exporter::own_writes::STALE_RECHECK;
 use crate::runtime::writer::status_merge_patch;
 

@@ -1,5 +1,5 @@
 //! The Lease pass (docs/exporter.md, "The Lease pass", "Lease assignment", "Lease
-//! scheduling"): the assignment decided by `crate::exporter::lease::assign` under the ledger,
+//! scheduling"): the assignment decided by `crate::exporter::decide::lease::assign` under the ledger,
 //! confirmed on fresh reads where the caches cannot be trusted, the status write, the queue
 //! position wake-ups, the spot preemption, then the metadata (ended label, ownerRef).
 
@@ -16,10 +16,10 @@ use crate::conditions;
 use crate::exporter::apply::{controller_ref, gone_is_done, requeue};
 use crate::exporter::context::{Caches, Context, Error};
 use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
-use crate::exporter::lease::assign::{
+use crate::exporter::decide::lease::assign::{
     self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, QueueInputs, UNSATISFIABLE,
 };
-use crate::exporter::lease::queue;
+use crate::exporter::decide::lease::queue;
 use crate::exporter::observe::readable;
 use crate::exporter::own_writes::STALE_RECHECK;
 use crate::runtime::meta::controlled_by;

@@ -1,6 +1,6 @@
 //! The IO of the Exporter, Client and Lease passes (docs/exporter.md, "The Exporter pass",
 //! "The Client pass", "The Lease pass", "Status writes"), one file per kind: read, call the
-//! pure decisions (`crate::exporter::decide`, `crate::exporter::lease::assign`), write only what
+//! pure decisions (`crate::exporter::decide`, `crate::exporter::decide::lease::assign`), write only what
 //! changed (a resourceVersion-fenced JSON merge patch of status), then emit events. The
 //! credential Secret the Exporter and Client passes share is in [`credential`]. Here: what the
 //! passes share.

@@ -28,7 +28,7 @@ use crate::exporter::crd::{
     Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, HookPhase, Lease,
 };
 use crate::exporter::decide::exporter::{ONLINE, REGISTERED};
-use crate::exporter::lease::assign::{self, INVALID, UNSATISFIABLE};
+use crate::exporter::decide::lease::assign::{self, INVALID, UNSATISFIABLE};
 use crate::exporter::lease::selector;
 
 /// Positions (and estimated starts) are exact up to this many leases ahead; a lease further

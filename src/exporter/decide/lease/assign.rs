@@ -13,7 +13,7 @@ use crate::exporter::crd::{
     LocalObjectReference,
 };
 use crate::exporter::decide::exporter::{ONLINE, REGISTERED, owes_after_lease};
-use crate::exporter::lease::queue::{self, QueueKey};
+use crate::exporter::decide::lease::queue::{self, QueueKey};
 use crate::exporter::lease::selector;
 use crate::godur;
 
