@@ -19,7 +19,8 @@ type Key = (String, String);
 
 use crate::exporter::auth::token;
 use crate::exporter::crd::{Lease, LeaseStatus};
-use crate::exporter::decide::lease::assign::{self, Assignment};
+use crate::exporter::decide::lease::expiry::{is_active, is_ended_label};
+use crate::exporter::decide::lease::{Assignment, ENDED_LABEL, ENDED_VALUE};
 use crate::runtime::controller::Guarded;
 
 /// In-flight assignments: (namespace, lease) → (exporter, spot access).
@@ -64,7 +65,7 @@ impl Ledger {
         let mut active: Vec<&Lease> = cached
             .iter()
             .copied()
-            .filter(|l| assign::is_active(l) || (l.status.is_none() && !assign::is_ended_label(l)))
+            .filter(|l| is_active(l) || (l.status.is_none() && !is_ended_label(l)))
             .collect();
         active.extend(in_flight.iter());
         let decision = decide(&active);
@@ -242,13 +243,7 @@ mod tests {
         // Created in a burst: the manager has written none of these yet.
         let (fresh, me) = (Lease::new("l0", Default::default()), pending("l1"));
         let mut ended = Lease::new("l9", Default::default());
-        ended.metadata.labels = Some(
-            [(
-                assign::ENDED_LABEL.to_string(),
-                assign::ENDED_VALUE.to_string(),
-            )]
-            .into(),
-        );
+        ended.metadata.labels = Some([(ENDED_LABEL.to_string(), ENDED_VALUE.to_string())].into());
         ledger.decide("lab", "l1", cache(&[&fresh, &me, &ended]), |active| {
             let mut names: Vec<&str> = active
                 .iter()

@@ -308,13 +308,13 @@ fn pending_leases(
         .filter_map(|g| g.0.as_ref().ok())
         .filter(|l| {
             l.metadata.namespace.as_deref() == Some(ns)
-                && crate::exporter::decide::lease::assign::is_active(l)
+                && crate::exporter::decide::lease::expiry::is_active(l)
                 && crate::conditions::is_true(
                     l.status
                         .as_ref()
                         .and_then(|s| s.conditions.as_deref())
                         .unwrap_or_default(),
-                    crate::exporter::decide::lease::assign::PENDING,
+                    crate::exporter::decide::lease::PENDING,
                 )
                 && pick(l)
         })
@@ -330,8 +330,8 @@ fn pending_leases(
 fn active_lease_watch() -> watcher::Config {
     watcher::Config::default().labels(&format!(
         "{}!={}",
-        crate::exporter::decide::lease::assign::ENDED_LABEL,
-        crate::exporter::decide::lease::assign::ENDED_VALUE
+        crate::exporter::decide::lease::ENDED_LABEL,
+        crate::exporter::decide::lease::ENDED_VALUE
     ))
 }
 

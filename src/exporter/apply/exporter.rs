@@ -15,7 +15,7 @@ use crate::exporter::apply::{emit, gone_is_done, requeue};
 use crate::exporter::context::{Caches, Context, Error};
 use crate::exporter::crd::{Exporter, Lease};
 use crate::exporter::decide::exporter::{self as exporter_status, HeldLease};
-use crate::exporter::decide::lease::assign;
+use crate::exporter::decide::lease::expiry;
 use crate::exporter::own_writes::STALE_RECHECK;
 use crate::runtime::writer::status_merge_patch;
 
@@ -54,7 +54,7 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Context>) -> Result<Act
         .filter(|l| l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some(name.as_str()))
         .cloned()
         .collect();
-    let (held, several) = assign::held_lease(&name, &leases);
+    let (held, several) = expiry::held_lease(&name, &leases);
     if several {
         warn!(exporter = %name, "several active leases name this exporter; using the earliest");
     }

@@ -16,10 +16,11 @@ use crate::conditions;
 use crate::exporter::apply::{controller_ref, gone_is_done, requeue};
 use crate::exporter::context::{Caches, Context, Error};
 use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
-use crate::exporter::decide::lease::assign::{
-    self, AssignInputs, Assignment, ENDED_LABEL, ENDED_VALUE, QueueInputs, UNSATISFIABLE,
+use crate::exporter::decide::lease::assign::{self, AssignInputs, QueueInputs};
+use crate::exporter::decide::lease::preempt::preempted_status;
+use crate::exporter::decide::lease::{
+    Assignment, ENDED_LABEL, ENDED_VALUE, UNSATISFIABLE, access, queue, status,
 };
-use crate::exporter::decide::lease::queue;
 use crate::exporter::observe::readable;
 use crate::exporter::own_writes::STALE_RECHECK;
 use crate::runtime::meta::controlled_by;
@@ -157,7 +158,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Erro
                 .get_opt(exporter)
                 .await;
             let gated = match fresh {
-                Ok(Some(fresh)) => assign::gate_on_fresh(&fresh),
+                Ok(Some(fresh)) => access::gate_on_fresh(&fresh),
                 Ok(None) => Some(Assignment::Pending {
                     reason: "ExporterNotFound",
                     message: format!("Exporter {exporter} was deleted"),
@@ -182,7 +183,7 @@ async fn lease_pass(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Erro
         assignment = Some(decision);
     }
 
-    let out = assign::build_status(&lease, assignment, now);
+    let out = status::build_status(&lease, assignment, now);
     // The version the metadata patch below replaces.
     let mut current_rv = rv.clone();
     if let Some(patch) = status_merge_patch(lease.status.as_ref(), &out.status) {
@@ -309,7 +310,7 @@ async fn preempt(
     {
         return Ok(());
     }
-    let status = assign::preempted_status(held, by, now);
+    let status = preempted_status(held, by, now);
     let Some(patch) = status_merge_patch(held.status.as_ref(), &status) else {
         return Ok(());
     };

@@ -12,6 +12,12 @@ use crate::exporter::crd::{
     ClientSpec, ExporterAccessPolicySpec, ExporterSpec, ExporterStatus, From, HookPhase, HookState,
     LeaseHooks, LeaseSpec, Policy,
 };
+use crate::exporter::decide::lease::access::gate_on_fresh;
+use crate::exporter::decide::lease::access::{filter_out_disabled, matching};
+use crate::exporter::decide::lease::expiry::{held_lease, is_active};
+use crate::exporter::decide::lease::preempt::preempted_status;
+use crate::exporter::decide::lease::status::build_status;
+use crate::exporter::decide::lease::{ENDED, INVALID, PENDING, PREEMPTED, READY, UNSATISFIABLE};
 
 const NOW: i64 = 1_800_000_000;
 

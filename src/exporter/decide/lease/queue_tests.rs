@@ -11,6 +11,7 @@ use crate::exporter::crd::{
     ExporterSpec, ExporterStatus, HookState, LeaseHooks, LeaseSpec, LeaseStatus,
     LocalObjectReference,
 };
+use crate::exporter::decide::lease::preempt::{Held, victim};
 
 const NOW: i64 = 1_800_000_000;
 
