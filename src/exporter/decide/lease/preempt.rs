@@ -1,11 +1,57 @@
 //! Preemption (docs/exporter.md, "Lease scheduling"): which lease held under spot access a
 //! waiting lease ends, and the status of the lease it ends.
 
-use jiff::Timestamp;
+use std::collections::HashMap;
 
-use super::{ENDED, PREEMPTED, READY};
+use jiff::{SignedDuration, Timestamp};
+
+use super::access::Approved;
+use super::{ENDED, PREEMPTED, Preempt, READY};
 use crate::conditions::{self, Desired};
-use crate::exporter::crd::{Exporter, ExporterStatusValue, HookPhase, Lease, LeaseStatus};
+use crate::exporter::crd::{
+    Exporter, ExporterStatusValue, HookPhase, Lease, LeaseQueue, LeaseStatus,
+};
+
+/// The preemption a lease at the head of the queue decides when every exporter it may use is
+/// leased: the [`victim`] among the exporters it may use under non-spot access, at the time its
+/// last status named for the same victim, else `grace` from now. None when there is none.
+pub(super) fn choose(
+    ordered: &[Approved<'_>],
+    holders: &HashMap<&str, &Lease>,
+    previous: Option<&LeaseQueue>,
+    grace: SignedDuration,
+    now: Timestamp,
+) -> Option<Preempt> {
+    let non_spot: Vec<Held<'_>> = ordered
+        .iter()
+        .filter(|a| !a.spot_access)
+        .filter_map(|a| {
+            Some(Held {
+                exporter: a.exporter,
+                lease: holders.get(a.name())?,
+            })
+        })
+        .collect();
+    let my_priority = ordered
+        .iter()
+        .filter(|a| !a.spot_access)
+        .map(|a| a.priority)
+        .max()?;
+    let victim = victim(my_priority, &non_spot)?;
+    let lease = victim.lease.metadata.name.clone().unwrap_or_default();
+    let exporter = victim.exporter.metadata.name.clone().unwrap_or_default();
+    let at = previous
+        .filter(|q| q.preempting.as_deref() == Some(lease.as_str()))
+        .and_then(|q| q.preempt_at.as_ref())
+        .map(|t| t.0)
+        .unwrap_or_else(|| conditions::time(now + grace).0);
+    Some(Preempt {
+        lease,
+        exporter,
+        at,
+        due: at <= now,
+    })
+}
 
 /// The status of a spot lease that `by` preempted: ended, with `Ended` (reason `Preempted`)
 /// naming the preempting lease, and `Ready` false.

@@ -21,13 +21,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::access::{approved_candidates, matching};
 use super::expiry::is_ended_label;
 use super::{INVALID, UNSATISFIABLE};
 use crate::conditions;
 use crate::exporter::crd::{
-    Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, HookPhase, Lease,
+    Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, HookPhase, Lease, LeaseQueue,
 };
 use crate::exporter::decide::exporter::{ONLINE, REGISTERED};
 use crate::exporter::lease::selector;
@@ -345,6 +346,72 @@ pub fn estimate_start(
         };
     }
     earliest(&slots).and_then(|i| slots[i])
+}
+
+/// What a waiting lease shows of where it stands (docs/exporter.md, "Lease scheduling"): the
+/// place for its `Pending` message (position, estimated start, and the longest free window when
+/// its duration fits before no booking) and its `status.queue`. `free_at` is when each of its
+/// exporters comes free; `previous` its last `status.queue`.
+pub fn place(
+    lease: &Lease,
+    standing: &Standing,
+    free_at: &[(&str, Option<Timestamp>)],
+    field: &Field<'_>,
+    previous: Option<&LeaseQueue>,
+    priority: i64,
+    now: Timestamp,
+) -> (String, LeaseQueue) {
+    let mut estimate = standing
+        .shown()
+        .then(|| {
+            estimate_start(
+                &free_at.iter().map(|(_, t)| *t).collect::<Vec<_>>(),
+                &standing.ahead_durations,
+            )
+        })
+        .flatten()
+        .map(|t| conditions::time(t).0);
+    // An estimate that moved less than a minute, or that says "now" again, keeps its last
+    // value: no write for jitter.
+    if let (Some(new), Some(old)) = (
+        estimate,
+        previous.and_then(|q| q.estimated_start_time.as_ref()),
+    ) && (new.duration_since(old.0).abs() < SignedDuration::from_secs(60)
+        || (new <= now && old.0 <= now))
+    {
+        estimate = Some(old.0);
+    }
+    let mut place = if standing.shown() {
+        format!("position {} in the queue", standing.position())
+    } else {
+        format!("more than {POSITION_CAP} leases ahead in the queue")
+    };
+    match estimate {
+        Some(t) if t <= now => place.push_str(", estimated start now"),
+        Some(t) => place.push_str(&format!(", estimated start {t}")),
+        None if standing.shown() => place.push_str(", estimated start unknown"),
+        None => {}
+    }
+    if let (Some(d), false) = (duration_of(lease), field.bookings.is_empty())
+        && let Some((window, exporter, booking)) = longest_free_window(free_at, d, &field.bookings)
+    {
+        place.push_str(&format!(
+            "; the requested {} does not fit before the next booking on any matching exporter: the longest free window is {} on exporter {exporter}, before lease {} at {}",
+            human(d),
+            human(window),
+            booking.name,
+            booking.begin
+        ));
+    }
+    let status = LeaseQueue {
+        estimated_start_time: estimate.map(Time),
+        position: standing
+            .shown()
+            .then(|| i64::try_from(standing.position()).unwrap_or(i64::MAX)),
+        priority: (priority != 0).then_some(priority),
+        ..Default::default()
+    };
+    (place, status)
 }
 
 /// The longest window a lease could have on one of its exporters before that exporter's next
