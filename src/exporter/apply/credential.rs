@@ -412,6 +412,55 @@ async fn credential_event<K: Resource<DynamicType = ()>>(
     }
 }
 
+/// What the credential passes read of a cached Secret: its name, version, owners and deletion.
+/// The cache holds every Secret of the watched namespaces, so the rest (labels, annotations: a
+/// client-side apply's annotation repeats the whole Secret, data included) is dropped.
+pub fn slim_secret(s: &mut PartialObjectMeta<Secret>) {
+    s.types = None;
+    let m = std::mem::take(&mut s.metadata);
+    s.metadata = ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        resource_version: m.resource_version,
+        owner_references: m.owner_references,
+        deletion_timestamp: m.deletion_timestamp,
+        ..Default::default()
+    };
+}
+
+/// The objects whose credential Secret this is: its controller owner of `kind`, and the object
+/// its name points to (`<name><suffix>`), so that a Secret that lost its ownerRef, or was
+/// deleted, still triggers its owner's pass (which restores or recreates it).
+pub fn credential_owners<K>(
+    meta: &ObjectMeta,
+    kind: &str,
+    suffix: &str,
+) -> Vec<ObjectRef<Guarded<K>>>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let ns = meta.namespace.clone().unwrap_or_default();
+    let mut names: Vec<&str> = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.controller == Some(true) && r.kind == kind)
+        .map(|r| r.name.as_str())
+        .collect();
+    names.extend(
+        meta.name
+            .as_deref()
+            .and_then(|n| n.strip_suffix(suffix))
+            .filter(|n| !n.is_empty()),
+    );
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|n| ObjectRef::<Guarded<K>>::new(n).within(&ns))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -460,5 +509,48 @@ mod tests {
         assert!(
             credential_token(&secret("Exporter", "jumpstarter.dev/v1alpha1", true, None)).is_none()
         );
+    }
+
+    #[test]
+    fn credential_secrets_map_to_their_owner_by_ref_and_by_name() {
+        let meta = |name: &str, owners: Vec<(&str, &str, bool)>| ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("lab".into()),
+            owner_references: Some(
+                owners
+                    .into_iter()
+                    .map(|(kind, name, controller)| OwnerReference {
+                        kind: kind.into(),
+                        name: name.into(),
+                        controller: Some(controller),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        let names = |m: &ObjectMeta, kind: &str, suffix: &str| {
+            credential_owners::<Exporter>(m, kind, suffix)
+                .into_iter()
+                .map(|r| (r.name, r.namespace.unwrap()))
+                .collect::<Vec<_>>()
+        };
+        let lab = |n: &str| (n.to_string(), "lab".to_string());
+        // Owned and named: one pass, not two.
+        let m = meta("e1-exporter", vec![("Exporter", "e1", true)]);
+        assert_eq!(names(&m, "Exporter", "-exporter"), vec![lab("e1")]);
+        // The ownerRef was removed: the name still leads to the owner.
+        let m = meta("e1-exporter", vec![]);
+        assert_eq!(names(&m, "Exporter", "-exporter"), vec![lab("e1")]);
+        // Other kinds and non-controller refs are ignored; other Secrets map to nothing.
+        let m = meta(
+            "db-password",
+            vec![("Deployment", "db", true), ("Exporter", "x", false)],
+        );
+        assert!(names(&m, "Exporter", "-exporter").is_empty());
+        let m = meta("-client", vec![]);
+        assert!(names(&m, "Client", "-client").is_empty());
+        let m = meta("c1-client", vec![("Client", "c1", true)]);
+        assert_eq!(names(&m, "Client", "-client"), vec![lab("c1")]);
     }
 }

@@ -5,18 +5,22 @@
 use std::sync::Arc;
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PartialObjectMeta;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::warn;
 
 use crate::conditions;
-use crate::exporter::apply::credential::{Outcome, credential_step};
+use crate::exporter::apply::credential::{Outcome, credential_owners, credential_step};
 use crate::exporter::apply::{emit, gone_is_done, requeue};
 use crate::exporter::context::{Caches, Context, Error};
 use crate::exporter::crd::{Exporter, Lease};
 use crate::exporter::decide::exporter::{self as exporter_status, HeldLease};
 use crate::exporter::decide::lease::expiry;
 use crate::exporter::own_writes::STALE_RECHECK;
+use crate::runtime::controller::Guarded;
 use crate::runtime::writer::status_merge_patch;
 
 /// The Exporter pass (docs/exporter.md, "The Exporter pass").
@@ -112,4 +116,38 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Context>) -> Result<Act
         &name,
         desired.requeue_after,
     ))
+}
+
+/// The Exporters a Lease change concerns (the watch mapper of the Exporter controller's Lease
+/// trigger): the one its status names and its controller owner (a lease that ends leaves the
+/// label-selected watch as a deletion).
+pub fn of_lease(lease: Guarded<Lease>) -> Vec<ObjectRef<Guarded<Exporter>>> {
+    // An unreadable Lease names no exporter anyone can trust.
+    let Ok(lease) = lease.0 else {
+        return Vec::new();
+    };
+    let ns = lease.metadata.namespace.clone().unwrap_or_default();
+    let by_status = lease
+        .status
+        .as_ref()
+        .and_then(|s| s.exporter_ref_name())
+        .map(str::to_string);
+    let by_owner = lease
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.controller == Some(true) && r.kind == "Exporter")
+        .map(|r| r.name.clone())
+        .collect::<Vec<_>>();
+    by_status
+        .into_iter()
+        .chain(by_owner)
+        .map(move |name| ObjectRef::<Guarded<Exporter>>::new(&name).within(&ns))
+        .collect()
+}
+
+/// The Exporter whose credential Secret changed.
+pub fn of_credential_secret(s: PartialObjectMeta<Secret>) -> Vec<ObjectRef<Guarded<Exporter>>> {
+    credential_owners::<Exporter>(&s.metadata, "Exporter", "-exporter")
 }

@@ -4,12 +4,13 @@
 //! position wake-ups, the spot preemption, then the metadata (ended label, ownerRef).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use jiff::Timestamp;
 use kube::api::Patch;
 use kube::runtime::controller::Action;
-use kube::{Api, ResourceExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource as _, ResourceExt};
 use serde_json::{Map, json};
 use tracing::info;
 
@@ -18,13 +19,16 @@ use crate::exporter::apply::{controller_ref, gone_is_done, requeue};
 use crate::exporter::context::{Caches, Context, Error};
 use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease, LeaseStatus};
 use crate::exporter::decide::lease::assign::{self, AssignInputs, QueueInputs};
+use crate::exporter::decide::lease::expiry::is_active;
 use crate::exporter::decide::lease::preempt::preempted_status;
 use crate::exporter::decide::lease::status::LeaseOutcome;
 use crate::exporter::decide::lease::{
-    Assignment, ENDED_LABEL, ENDED_VALUE, UNSATISFIABLE, access, queue, status,
+    Assignment, ENDED_LABEL, ENDED_VALUE, PENDING, UNSATISFIABLE, access, queue, status,
 };
+use crate::exporter::lease::selector;
 use crate::exporter::observe::readable;
 use crate::exporter::own_writes::STALE_RECHECK;
+use crate::runtime::controller::{ChangeMemory, Guarded};
 use crate::runtime::meta::controlled_by;
 use crate::runtime::writer::status_merge_patch;
 
@@ -340,6 +344,86 @@ impl LeasePass<'_> {
         ctx.replaced.leases.note(ns, name, current_rv, &written_rv);
         Ok(())
     }
+}
+
+/// The waiting Leases a policy change may satisfy: every pending Lease of its namespace (the
+/// watch mapper of the Lease controller's policy trigger).
+pub fn of_policy(
+    leases: Store<Guarded<Lease>>,
+) -> impl Fn(Guarded<ExporterAccessPolicy>) -> Vec<ObjectRef<Guarded<Lease>>> {
+    move |policy| {
+        let ns = policy.meta().namespace.clone().unwrap_or_default();
+        pending_leases(&leases, &ns, |_| true)
+    }
+}
+
+/// The waiting Leases a Client change may satisfy: its pending Leases.
+pub fn of_client(
+    leases: Store<Guarded<Lease>>,
+) -> impl Fn(Guarded<Client>) -> Vec<ObjectRef<Guarded<Lease>>> {
+    move |client| {
+        let ns = client.meta().namespace.clone().unwrap_or_default();
+        let name = client.meta().name.clone().unwrap_or_default();
+        pending_leases(&leases, &ns, |l| l.spec.client_ref.name == name)
+    }
+}
+
+/// The waiting Leases an Exporter change may satisfy: those that select it. Only a change every
+/// waiting Lease reads (or its deletion) wakes them all; one of who holds it wakes the Leases
+/// near the head (docs/exporter.md, "Lease scheduling"). The mapper is a `Fn`: its memory of
+/// each exporter's shared signature sits behind a lock only it takes.
+pub fn of_exporter(
+    leases: Store<Guarded<Lease>>,
+) -> impl Fn(Guarded<Exporter>) -> Vec<ObjectRef<Guarded<Lease>>> {
+    let signatures = Mutex::new(ChangeMemory::default());
+    move |exporter| {
+        // An unreadable Exporter is no candidate; its own pass reports it.
+        let Ok(exporter) = exporter.0 else {
+            return Vec::new();
+        };
+        let ns = exporter.metadata.namespace.clone().unwrap_or_default();
+        let name = exporter.metadata.name.clone().unwrap_or_default();
+        let labels = exporter.metadata.labels.clone().unwrap_or_default();
+        let everyone = exporter.metadata.deletion_timestamp.is_some()
+            || signatures
+                .lock()
+                .expect("lock")
+                .changed(&exporter.metadata, queue::shared_signature(&exporter));
+        pending_leases(&leases, &ns, |lease| {
+            (everyone || queue::near_head(lease))
+                && (lease.spec.exporter_ref_name() == Some(name.as_str())
+                    || selector::matches(&lease.spec.selector, &labels).unwrap_or(false))
+        })
+    }
+}
+
+/// The pending leases of `ns` that `pick` selects, to wake on a change they may wait for.
+fn pending_leases(
+    store: &Store<Guarded<Lease>>,
+    ns: &str,
+    pick: impl Fn(&Lease) -> bool,
+) -> Vec<ObjectRef<Guarded<Lease>>> {
+    store
+        .state()
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok())
+        .filter(|l| {
+            l.metadata.namespace.as_deref() == Some(ns)
+                && is_active(l)
+                && conditions::is_true(
+                    l.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_deref())
+                        .unwrap_or_default(),
+                    PENDING,
+                )
+                && pick(l)
+        })
+        .map(|l| {
+            ObjectRef::<Guarded<Lease>>::new(l.metadata.name.as_deref().unwrap_or_default())
+                .within(ns)
+        })
+        .collect()
 }
 
 /// How long position updates of the leases behind a queue change wait, to coalesce a burst.
