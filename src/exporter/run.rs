@@ -42,7 +42,7 @@ pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String>
         tracing::warn!("{w}");
     }
     let settings = settings.with_config(loaded.config);
-    let Some(key) = crate::exporter::auth::signing::load(&rt, &settings.key_source).await? else {
+    let Some(key) = startup::load_key(&rt, &settings.key_source).await? else {
         return Ok(()); // shutdown before the key Secret was usable
     };
     let metrics = register_metrics(&rt, &watches)?;

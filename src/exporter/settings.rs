@@ -4,14 +4,13 @@
 
 use jiff::SignedDuration;
 
+use crate::exporter::auth::signing::KeySource;
 use crate::exporter::auth::token::TokenPolicy;
 use crate::exporter::config::ControllerConfig;
 use crate::exporter::decide::exporter::StatusSettings;
 use crate::godur;
 
 pub const DEFAULT_ENDPOINT: &str = "localhost:8082";
-pub const GENERATED_KEY_SECRET: &str = "ucm-exporter-signing-key";
-pub const KEY_PEM: &str = "key.pem";
 
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct Args {
@@ -59,14 +58,6 @@ pub struct Args {
     /// scheduling".
     #[arg(long = "exporter-preemption-grace", default_value = "30s")]
     pub preemption_grace: String,
-}
-
-/// Where the signing key comes from (docs/exporter.md, "The signing key").
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySource {
-    Seed(String),
-    Secret(String),
-    Generated,
 }
 
 #[derive(Debug, Clone, PartialEq)]
