@@ -12,11 +12,15 @@ use std::collections::BTreeMap;
 use jiff::SignedDuration;
 use serde::Deserialize;
 
-use crate::exporter::auth::oidc::{self, JwtAuthenticator, RawJwtAuthenticator};
-use crate::exporter::auth::token::DEFAULT_PREFIX;
 use crate::godur;
 
+pub mod jwt;
+
+use jwt::{JwtAuthenticator, RawJwtAuthenticator};
+
 pub const CONFIGMAP: &str = "jumpstarter-controller";
+/// The username prefix of internal identities (`authentication.internal.prefix`).
+pub const DEFAULT_PREFIX: &str = "internal:";
 /// Upstream's `defaultMaxTags`, used when `leasePolicy.maxTags` is unset or 0.
 pub const DEFAULT_MAX_TAGS: u32 = 10;
 pub const DEFAULT_TOKEN_LIFETIME: SignedDuration = SignedDuration::from_hours(365 * 24);
@@ -332,7 +336,7 @@ pub fn parse(
             {
                 cfg.prefix = p;
             }
-            cfg.jwt = oidc::validate("jwt", legacy.jwt.unwrap_or_default(), &cfg.prefix)
+            cfg.jwt = jwt::validate("jwt", legacy.jwt.unwrap_or_default(), &cfg.prefix)
                 .map_err(|e| format!("ConfigMap {CONFIGMAP}, key authentication: {e}"))?;
         }
         (None, None) => {}
@@ -365,7 +369,7 @@ fn apply_config(
         cfg.token_lifetime = lifetime;
     }
     cfg.k8s_auth = auth.k8s.and_then(|k| k.enabled).unwrap_or(false);
-    cfg.jwt = oidc::validate(
+    cfg.jwt = jwt::validate(
         "authentication.jwt",
         auth.jwt.unwrap_or_default(),
         &cfg.prefix,
