@@ -300,12 +300,31 @@ fn queue_tail(
         };
     }
 
+    waiting(
+        inp, &ordered, &available, &ready, &standing, priority, field,
+    )
+}
+
+/// A lease that may not take an exporter now waits in the queue (`Queued`): behind the leases
+/// served first by the free exporters (`Queued`), for a spot lease it preempts (`Preempting`),
+/// for a leased exporter (`NotAvailable`) or for one still cleaning up (`NotReady`), with its
+/// place.
+fn waiting(
+    inp: &AssignInputs<'_>,
+    ordered: &[Approved<'_>],
+    available: &[&Approved<'_>],
+    ready: &[&&Approved<'_>],
+    standing: &queue::Standing,
+    priority: i64,
+    field: &queue::Field<'_>,
+) -> Assignment {
+    let lease = inp.lease;
     // Waiting: where it stands.
     let holders = holders(inp.active_leases);
-    let free_at = free_at(&ordered, &holders, inp.now);
+    let free_at = free_at(ordered, &holders, inp.now);
     let previous = lease.status.as_ref().and_then(|s| s.queue.as_ref());
     let (place, mut status) = queue::place(
-        lease, &standing, &free_at, field, previous, priority, inp.now,
+        lease, standing, &free_at, field, previous, priority, inp.now,
     );
     let queued =
         |reason: &'static str, message: String, status: LeaseQueue, preempt| Assignment::Queued {
@@ -332,7 +351,7 @@ fn queue_tail(
         // Every exporter is leased: the head of the queue preempts a spot lease it may take.
         let grace = inp.queue.filter(|_| standing.ahead == 0).map(|q| q.grace);
         if let Some(grace) = grace
-            && let Some(p) = preempt::choose(&ordered, &holders, previous, grace, inp.now)
+            && let Some(p) = preempt::choose(ordered, &holders, previous, grace, inp.now)
         {
             status.preempting = Some(p.lease.clone());
             status.preempt_at = Some(Time(p.at));
