@@ -145,7 +145,8 @@ fn certificate_authority(field: &str, value: &str) -> Result<String, String> {
     Ok(pem)
 }
 
-/// Validates `authentication.jwt` (`field` is its path in the ConfigMap, for messages).
+/// Validates `authentication.jwt` (`field` is its path in the ConfigMap, for messages). Each
+/// entry's fields are checked in the order of the schema; the first problem is the error.
 pub fn validate(
     field: &str,
     raw: Vec<RawJwtAuthenticator>,
@@ -154,110 +155,9 @@ pub fn validate(
     let mut out: Vec<JwtAuthenticator> = Vec::new();
     for (i, a) in raw.into_iter().enumerate() {
         let f = |name: &str| format!("{field}[{i}].{name}");
-        // Exact, as Kubernetes compares it with `iss` (Auth0's issuers end in a slash).
-        let url = a.issuer.url.clone();
-        if a.issuer.url.is_empty() {
-            return Err(format!("{} is required", f("issuer.url")));
-        }
-        check_url(&f("issuer.url"), &url)?;
-        if url == INTERNAL_ISSUER {
-            return Err(format!(
-                "{} {url:?} is the internal issuer of ucm's own tokens",
-                f("issuer.url")
-            ));
-        }
-        if out.iter().any(|o| o.issuer == url) {
-            return Err(format!("{} {url:?} is configured twice", f("issuer.url")));
-        }
-        let discovery_url = match a.issuer.discovery_url.filter(|d| !d.is_empty()) {
-            Some(d) => {
-                check_url(&f("issuer.discoveryURL"), &d)?;
-                d
-            }
-            None => format!(
-                "{}/.well-known/openid-configuration",
-                url.trim_end_matches('/')
-            ),
-        };
-        if a.issuer.audiences.is_empty() || a.issuer.audiences.iter().any(String::is_empty) {
-            return Err(format!(
-                "{} must list at least one non-empty audience",
-                f("issuer.audiences")
-            ));
-        }
-        match a.issuer.audience_match_policy.as_deref() {
-            None | Some("") if a.issuer.audiences.len() == 1 => {}
-            Some("MatchAny") => {}
-            None | Some("") => {
-                return Err(format!(
-                    "{} must be MatchAny when several audiences are listed",
-                    f("issuer.audienceMatchPolicy")
-                ));
-            }
-            Some(p) => {
-                return Err(format!(
-                    "{} {p:?} is not supported; accepted: MatchAny",
-                    f("issuer.audienceMatchPolicy")
-                ));
-            }
-        }
-        let ca = a
-            .issuer
-            .certificate_authority
-            .filter(|c| !c.trim().is_empty())
-            .map(|c| certificate_authority(&f("issuer.certificateAuthority"), &c))
-            .transpose()?;
-
-        let u = a.claim_mappings.username;
-        let (claim, prefix) = match (u.claim.filter(|c| !c.is_empty()), u.expression) {
-            (Some(_), Some(_)) => {
-                return Err(format!(
-                    "{} and {} are mutually exclusive",
-                    f("claimMappings.username.claim"),
-                    f("claimMappings.username.expression")
-                ));
-            }
-            (Some(claim), None) => {
-                let Some(prefix) = u.prefix else {
-                    return Err(format!(
-                        "{} is required when claim is set (use \"\" for none)",
-                        f("claimMappings.username.prefix")
-                    ));
-                };
-                (claim, prefix)
-            }
-            (None, Some(expr)) => {
-                if u.prefix.is_some() {
-                    return Err(format!(
-                        "{} must not be set with an expression",
-                        f("claimMappings.username.prefix")
-                    ));
-                }
-                let claim = claim_of_expression(&expr).ok_or_else(|| {
-                    format!(
-                        "{} {expr:?}: ucm supports only the form claims.<name>; use claim and prefix",
-                        f("claimMappings.username.expression")
-                    )
-                })?;
-                (claim.to_string(), String::new())
-            }
-            (None, None) => {
-                return Err(format!(
-                    "{} (or expression) is required",
-                    f("claimMappings.username.claim")
-                ));
-            }
-        };
-        // OURS: an external username must never look like an internal one. An empty prefix is
-        // allowed; such usernames that start with the internal prefix are refused per token.
-        if !prefix.is_empty()
-            && (prefix.starts_with(internal_prefix) || internal_prefix.starts_with(&prefix))
-        {
-            return Err(format!(
-                "{} {prefix:?} overlaps the internal prefix {internal_prefix:?}",
-                f("claimMappings.username.prefix")
-            ));
-        }
+        let mut v = issuer(&f, a.issuer, &out)?;
+        (v.username_claim, v.username_prefix) =
+            username(&f, a.claim_mappings.username, internal_prefix)?;
         for (name, m) in [
             ("groups", &a.claim_mappings.groups),
             ("uid", &a.claim_mappings.uid),
@@ -283,38 +183,168 @@ pub fn validate(
                 f("userValidationRules")
             ));
         }
-        let mut required_claims = BTreeMap::new();
-        for (j, r) in a.claim_validation_rules.into_iter().enumerate() {
-            let rf = |n: &str| f(&format!("claimValidationRules[{j}].{n}"));
-            match (r.claim.filter(|c| !c.is_empty()), r.expression) {
-                (Some(c), None) => {
-                    required_claims.insert(c, r.required_value.unwrap_or_default());
-                }
-                (None, Some(e)) => {
-                    return Err(format!(
-                        "{} {e:?}: CEL expressions are not supported by ucm; use claim and requiredValue",
-                        rf("expression")
-                    ));
-                }
-                _ => {
-                    return Err(format!(
-                        "{} needs exactly one of claim and expression",
-                        f(&format!("claimValidationRules[{j}]"))
-                    ));
-                }
-            }
-        }
-        out.push(JwtAuthenticator {
-            issuer: url,
-            discovery_url,
-            audiences: a.issuer.audiences,
-            certificate_authority: ca,
-            username_claim: claim,
-            username_prefix: prefix,
-            required_claims,
-        });
+        v.required_claims = required_claims(&f, a.claim_validation_rules)?;
+        out.push(v);
     }
     Ok(out)
+}
+
+/// The `issuer` of an entry: its URL (not ucm's own, not configured twice in `known`),
+/// discovery URL, audiences and trusted certificates. The username fields are left empty.
+fn issuer(
+    f: &dyn Fn(&str) -> String,
+    raw: RawIssuer,
+    known: &[JwtAuthenticator],
+) -> Result<JwtAuthenticator, String> {
+    // Exact, as Kubernetes compares it with `iss` (Auth0's issuers end in a slash).
+    let url = raw.url.clone();
+    if raw.url.is_empty() {
+        return Err(format!("{} is required", f("issuer.url")));
+    }
+    check_url(&f("issuer.url"), &url)?;
+    if url == INTERNAL_ISSUER {
+        return Err(format!(
+            "{} {url:?} is the internal issuer of ucm's own tokens",
+            f("issuer.url")
+        ));
+    }
+    if known.iter().any(|o| o.issuer == url) {
+        return Err(format!("{} {url:?} is configured twice", f("issuer.url")));
+    }
+    let discovery_url = match raw.discovery_url.filter(|d| !d.is_empty()) {
+        Some(d) => {
+            check_url(&f("issuer.discoveryURL"), &d)?;
+            d
+        }
+        None => format!(
+            "{}/.well-known/openid-configuration",
+            url.trim_end_matches('/')
+        ),
+    };
+    if raw.audiences.is_empty() || raw.audiences.iter().any(String::is_empty) {
+        return Err(format!(
+            "{} must list at least one non-empty audience",
+            f("issuer.audiences")
+        ));
+    }
+    match raw.audience_match_policy.as_deref() {
+        None | Some("") if raw.audiences.len() == 1 => {}
+        Some("MatchAny") => {}
+        None | Some("") => {
+            return Err(format!(
+                "{} must be MatchAny when several audiences are listed",
+                f("issuer.audienceMatchPolicy")
+            ));
+        }
+        Some(p) => {
+            return Err(format!(
+                "{} {p:?} is not supported; accepted: MatchAny",
+                f("issuer.audienceMatchPolicy")
+            ));
+        }
+    }
+    let ca = raw
+        .certificate_authority
+        .filter(|c| !c.trim().is_empty())
+        .map(|c| certificate_authority(&f("issuer.certificateAuthority"), &c))
+        .transpose()?;
+    Ok(JwtAuthenticator {
+        issuer: url,
+        discovery_url,
+        audiences: raw.audiences,
+        certificate_authority: ca,
+        username_claim: String::new(),
+        username_prefix: String::new(),
+        required_claims: BTreeMap::new(),
+    })
+}
+
+/// `claimMappings.username`: the claim and prefix, from `claim` + `prefix` or the expression
+/// `claims.<name>` (no prefix).
+fn username(
+    f: &dyn Fn(&str) -> String,
+    u: RawPrefixedClaim,
+    internal_prefix: &str,
+) -> Result<(String, String), String> {
+    let (claim, prefix) = match (u.claim.filter(|c| !c.is_empty()), u.expression) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "{} and {} are mutually exclusive",
+                f("claimMappings.username.claim"),
+                f("claimMappings.username.expression")
+            ));
+        }
+        (Some(claim), None) => {
+            let Some(prefix) = u.prefix else {
+                return Err(format!(
+                    "{} is required when claim is set (use \"\" for none)",
+                    f("claimMappings.username.prefix")
+                ));
+            };
+            (claim, prefix)
+        }
+        (None, Some(expr)) => {
+            if u.prefix.is_some() {
+                return Err(format!(
+                    "{} must not be set with an expression",
+                    f("claimMappings.username.prefix")
+                ));
+            }
+            let claim = claim_of_expression(&expr).ok_or_else(|| {
+                format!(
+                    "{} {expr:?}: ucm supports only the form claims.<name>; use claim and prefix",
+                    f("claimMappings.username.expression")
+                )
+            })?;
+            (claim.to_string(), String::new())
+        }
+        (None, None) => {
+            return Err(format!(
+                "{} (or expression) is required",
+                f("claimMappings.username.claim")
+            ));
+        }
+    };
+    // OURS: an external username must never look like an internal one. An empty prefix is
+    // allowed; such usernames that start with the internal prefix are refused per token.
+    if !prefix.is_empty()
+        && (prefix.starts_with(internal_prefix) || internal_prefix.starts_with(&prefix))
+    {
+        return Err(format!(
+            "{} {prefix:?} overlaps the internal prefix {internal_prefix:?}",
+            f("claimMappings.username.prefix")
+        ));
+    }
+    Ok((claim, prefix))
+}
+
+/// `claimValidationRules`: claim → required value; CEL expressions are refused.
+fn required_claims(
+    f: &dyn Fn(&str) -> String,
+    rules: Vec<RawClaimValidationRule>,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut required = BTreeMap::new();
+    for (j, r) in rules.into_iter().enumerate() {
+        let rf = |n: &str| f(&format!("claimValidationRules[{j}].{n}"));
+        match (r.claim.filter(|c| !c.is_empty()), r.expression) {
+            (Some(c), None) => {
+                required.insert(c, r.required_value.unwrap_or_default());
+            }
+            (None, Some(e)) => {
+                return Err(format!(
+                    "{} {e:?}: CEL expressions are not supported by ucm; use claim and requiredValue",
+                    rf("expression")
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "{} needs exactly one of claim and expression",
+                    f(&format!("claimValidationRules[{j}]"))
+                ));
+            }
+        }
+    }
+    Ok(required)
 }
 
 #[cfg(test)]
