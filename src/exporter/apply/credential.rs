@@ -333,43 +333,55 @@ async fn credential_pass(
                 token::mint_for(&ctx.key, subject, Some(&holder), now, policy.lifetime);
             let token = Ok(claims.for_judging());
             let data = BTreeMap::from([("token".to_string(), ByteString(jwt.into_bytes()))]);
-            let written = match existing {
-                None => {
-                    let secret = Secret {
-                        metadata: ObjectMeta {
-                            name: Some(secret_name.to_string()),
-                            namespace: Some(namespace.to_string()),
-                            owner_references: Some(vec![owner.clone()]),
-                            ..Default::default()
-                        },
-                        type_: Some("Opaque".into()),
-                        data: Some(data),
-                        ..Default::default()
-                    };
-                    ctx.writer.create(&api, &secret).await?
-                }
-                Some(secret) => {
-                    let mut refs = secret.meta.owner_references.clone().unwrap_or_default();
-                    if !controlled_by(&secret.meta, &owner.uid) {
-                        refs.retain(|r| r.controller != Some(true));
-                        refs.push(owner.clone());
-                    }
-                    // `data` is replaced entirely (merge patch would keep stray keys).
-                    let patch: json_patch::Patch = serde_json::from_value(json!([
-                        {"op": "test", "path": "/metadata/resourceVersion", "value": secret.meta.resource_version},
-                        {"op": "add", "path": "/data", "value": data},
-                        {"op": "add", "path": "/metadata/ownerReferences", "value": refs},
-                    ]))
-                    .expect("valid JSON patch");
-                    ctx.writer
-                        .patch(&api, secret_name, &Patch::<()>::Json(patch))
-                        .await?
-                }
-            };
+            let written =
+                write_token(ctx, &api, namespace, secret_name, owner, existing, data).await?;
             remember(&written.metadata, token);
             Ok(Credential::Held(claims, Some(reason)))
         }
     }
+}
+
+/// Writes a minted token: a new Secret owned by `owner`, or the existing one's `data` replaced
+/// entirely (a merge patch would keep stray keys) and `owner` made its controller, fenced by
+/// the version read.
+async fn write_token(
+    ctx: &Context,
+    api: &Api<Secret>,
+    namespace: &str,
+    secret_name: &str,
+    owner: &OwnerReference,
+    existing: Option<Stored>,
+    data: BTreeMap<String, ByteString>,
+) -> Result<Secret, Error> {
+    let Some(secret) = existing else {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(secret_name.to_string()),
+                namespace: Some(namespace.to_string()),
+                owner_references: Some(vec![owner.clone()]),
+                ..Default::default()
+            },
+            type_: Some("Opaque".into()),
+            data: Some(data),
+            ..Default::default()
+        };
+        return Ok(ctx.writer.create(api, &secret).await?);
+    };
+    let mut refs = secret.meta.owner_references.clone().unwrap_or_default();
+    if !controlled_by(&secret.meta, &owner.uid) {
+        refs.retain(|r| r.controller != Some(true));
+        refs.push(owner.clone());
+    }
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": secret.meta.resource_version},
+        {"op": "add", "path": "/data", "value": data},
+        {"op": "add", "path": "/metadata/ownerReferences", "value": refs},
+    ]))
+    .expect("valid JSON patch");
+    Ok(ctx
+        .writer
+        .patch(api, secret_name, &Patch::<()>::Json(patch))
+        .await?)
 }
 
 /// Warning `SecretConflict` naming the Secret, once: when the status did not say so yet.
