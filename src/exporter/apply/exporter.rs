@@ -50,23 +50,7 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Context>) -> Result<Act
             Outcome::Refused(problem) => (None, Some(problem)),
         };
 
-    // The cache is enough here: a Lease change that alters the held lease triggers a pass
-    // after the cache has it.
-    let leases: Vec<Lease> = Caches::in_namespace(&ctx.caches.leases, &ns)
-        .iter()
-        .filter_map(|g| g.0.as_ref().ok())
-        .filter(|l| l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some(name.as_str()))
-        .cloned()
-        .collect();
-    let (held, several) = expiry::held_lease(&name, &leases);
-    if several {
-        warn!(exporter = %name, "several active leases name this exporter; using the earliest");
-    }
-    let held = held.map(|l| HeldLease {
-        name: l.name_any(),
-        uid: l.uid(),
-        client_name: l.spec.client_ref.name.clone(),
-    });
+    let held = held_lease(&ctx, &ns, &name);
     let mut desired = exporter_status::desired_status(
         &exporter,
         claims.as_ref(),
@@ -116,6 +100,26 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Context>) -> Result<Act
         &name,
         desired.requeue_after,
     ))
+}
+
+/// The lease the exporter holds, from the Lease cache. The cache is enough here: a Lease change
+/// that alters the held lease triggers a pass after the cache has it.
+fn held_lease(ctx: &Context, ns: &str, name: &str) -> Option<HeldLease> {
+    let leases: Vec<Lease> = Caches::in_namespace(&ctx.caches.leases, ns)
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok())
+        .filter(|l| l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some(name))
+        .cloned()
+        .collect();
+    let (held, several) = expiry::held_lease(name, &leases);
+    if several {
+        warn!(exporter = %name, "several active leases name this exporter; using the earliest");
+    }
+    held.map(|l| HeldLease {
+        name: l.name_any(),
+        uid: l.uid(),
+        client_name: l.spec.client_ref.name.clone(),
+    })
 }
 
 /// The Exporters a Lease change concerns (the watch mapper of the Exporter controller's Lease
