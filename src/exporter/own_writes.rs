@@ -114,7 +114,7 @@ fn assigned(name: &str, exporter: &str, spot: bool) -> Lease {
 /// milliseconds, and the recheck reads only caches.
 pub const STALE_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
-pub use crate::runtime::replaced::Replaced;
+pub use crate::runtime::own_writes::Replaced;
 
 /// Status writes per kind (see [`Replaced`]).
 #[derive(Default)]

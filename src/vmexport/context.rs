@@ -189,7 +189,7 @@ pub struct Context {
     pub recent: Recent,
     /// Exports whose cached version one of our status writes replaced (docs/vmexport.md, "Pass
     /// steps"): a pass on such a copy does not write status again.
-    pub replaced: crate::runtime::replaced::Replaced,
+    pub replaced: crate::runtime::own_writes::Replaced,
     ca: tokio::sync::Mutex<Option<Pem>>,
     pub ttl_deletions: IntCounter,
 }
