@@ -19,7 +19,7 @@ use kube::{Api, ResourceExt};
 
 use super::api::*;
 use super::certs::{self, Pem};
-use super::context::{Context, Created, Error, object_ref};
+use super::context::{Context, Error, object_ref};
 use super::decide::{
     CERT_ADVICE, CertStep, Failed, Observed, Plan, PlannedEvent, PodStep,
     REASON_CONFIGMAP_CONFLICT, REASON_SECRET_CONFLICT, TOKEN_ADVICE, TokenStep, conflict,
@@ -40,10 +40,10 @@ use super::sources::kind::SourceKind;
 use super::sources::{source_template, source_vm};
 use super::status::{links, write_status};
 use super::types::{Condition, VirtualMachineExport};
+use crate::runtime::own_writes::STALE_RECHECK;
 
 /// How long a pass on a copy that predates our own status write waits to look again: the watch
 /// delivers the write within milliseconds, and the recheck reads only caches.
-const STALE_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 pub(super) async fn create_restore_pvcs(
     ctx: &Context,
@@ -238,8 +238,7 @@ async fn create_pod(
     match ctx.writer.create(&api, pod).await {
         Ok(mut p) => {
             slim_pod(&mut p);
-            ctx.recent
-                .remember("Pod", &ns, &name, Created::Pod(Box::new(p)));
+            ctx.recent.pods.remember(&ns, &name, p);
             Ok(true)
         }
         Err(e) if e.is_already_exists() => Ok(false),
@@ -436,12 +435,7 @@ pub(super) async fn create_service(
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     match ctx.writer.create(&api, svc).await {
         Ok(created) => {
-            ctx.recent.remember(
-                "Service",
-                &ns,
-                &name,
-                Created::Meta(Box::new(created.metadata)),
-            );
+            ctx.recent.services.remember(&ns, &name, created.metadata);
             Ok(())
         }
         // Made meanwhile, or someone else's the cache does not show (unlabelled): whose?
@@ -486,12 +480,7 @@ pub(super) async fn create_token(
     let s = build_token_secret(export, name, &generate_token(TOKEN_LENGTH));
     match ctx.writer.create(&api, &s).await {
         Ok(created) => {
-            ctx.recent.remember(
-                "Secret",
-                &ns,
-                name,
-                Created::Meta(Box::new(created.metadata)),
-            );
+            ctx.recent.secrets.remember(&ns, name, created.metadata);
             Ok(())
         }
         // Created meanwhile (another leader, or someone else, possibly unlabelled so the cache
@@ -528,12 +517,7 @@ pub(super) async fn ensure_cert(
     let (secret, not_after) = cert_secret(ctx, export, ca, now)?;
     match ctx.writer.create(&api, &secret).await {
         Ok(created) => {
-            ctx.recent.remember(
-                "Secret",
-                &ns,
-                &name,
-                Created::Meta(Box::new(created.metadata)),
-            );
+            ctx.recent.secrets.remember(&ns, &name, created.metadata);
             Ok(not_after)
         }
         Err(e) if e.is_already_exists() => current_or_reissue(ctx, export, ca, &api, now).await,

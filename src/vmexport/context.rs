@@ -2,9 +2,9 @@
 //! the export CA, and the error type. Its own module so `apply`, `sources` and `run`
 //! all depend on it and on nothing of each other's IO.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::Ingress;
@@ -20,6 +20,7 @@ use super::objects::pod::PodSettings;
 use super::optional::Optional;
 use super::podcache::ClaimIndex;
 use super::types::VirtualMachineExport;
+use crate::runtime::own_writes::{OwnWrites, Replaced};
 use crate::runtime::writer::kube_metric_label;
 use crate::runtime::{ReconcileError, WriteError, Writer};
 
@@ -129,53 +130,23 @@ impl Stores {
 /// Children this manager created that its caches may not show yet: the pass after a create
 /// often runs before the child's watch event arrives (it is queued by an event of another
 /// child of the same pass). Without this it would create again and get 409 AlreadyExists.
-/// An entry lives until the cache shows the object or [`Recent::TTL`] passes, so a child that
-/// was deleted before the cache saw it is not believed for ever.
-#[derive(Default)]
-pub struct Recent {
-    created: Mutex<HashMap<RecentKey, (Instant, Created)>>,
+/// An entry lives until the cache shows the object or [`CREATED_TTL`] passes, so a child that
+/// was deleted before the cache saw it is not believed for ever (docs/runtime.md, "Own writes").
+pub struct Created {
+    pub secrets: OwnWrites<ObjectMeta>,
+    pub services: OwnWrites<ObjectMeta>,
+    pub pods: OwnWrites<Pod>,
 }
 
-/// (kind, namespace, name).
-type RecentKey = (&'static str, String, String);
+/// How long a created child counts as present without the cache showing it.
+pub const CREATED_TTL: Duration = Duration::from_secs(30);
 
-#[derive(Clone)]
-pub enum Created {
-    Meta(Box<ObjectMeta>),
-    Pod(Box<Pod>),
-}
-
-impl Recent {
-    const TTL: Duration = Duration::from_secs(30);
-
-    pub fn remember(&self, kind: &'static str, ns: &str, name: &str, obj: Created) {
-        let mut m = self.created.lock().unwrap_or_else(|e| e.into_inner());
-        m.retain(|_, (t, _)| t.elapsed() < Self::TTL);
-        m.insert((kind, ns.into(), name.into()), (Instant::now(), obj));
-    }
-
-    /// The cached object, else what this manager created recently.
-    pub fn overlay<T>(
-        &self,
-        kind: &'static str,
-        ns: &str,
-        name: &str,
-        cached: Option<T>,
-        from: impl FnOnce(Created) -> Option<T>,
-    ) -> Option<T> {
-        let mut m = self.created.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (kind, ns.to_string(), name.to_string());
-        if cached.is_some() {
-            m.remove(&key);
-            return cached;
-        }
-        match m.get(&key) {
-            Some((t, obj)) if t.elapsed() < Self::TTL => from(obj.clone()),
-            Some(_) => {
-                m.remove(&key);
-                None
-            }
-            None => None,
+impl Default for Created {
+    fn default() -> Self {
+        Created {
+            secrets: OwnWrites::with_ttl(CREATED_TTL),
+            services: OwnWrites::with_ttl(CREATED_TTL),
+            pods: OwnWrites::with_ttl(CREATED_TTL),
         }
     }
 }
@@ -186,10 +157,10 @@ pub struct Context {
     pub client: kube::Client,
     pub cfg: Config,
     pub stores: Stores,
-    pub recent: Recent,
+    pub recent: Created,
     /// Exports whose cached version one of our status writes replaced (docs/vmexport.md, "Pass
     /// steps"): a pass on such a copy does not write status again.
-    pub replaced: crate::runtime::own_writes::Replaced,
+    pub replaced: Replaced,
     ca: tokio::sync::Mutex<Option<Pem>>,
     pub ttl_deletions: IntCounter,
 }
@@ -211,7 +182,7 @@ impl Context {
             client,
             cfg,
             stores,
-            recent: Recent::default(),
+            recent: Created::default(),
             replaced: Default::default(),
             ca: tokio::sync::Mutex::new(None),
             ttl_deletions,
@@ -318,37 +289,6 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn named(n: &str) -> ObjectMeta {
-        ObjectMeta {
-            name: Some(n.into()),
-            ..Default::default()
-        }
-    }
-
-    fn meta(c: Created) -> Option<ObjectMeta> {
-        match c {
-            Created::Meta(m) => Some(*m),
-            Created::Pod(_) => None,
-        }
-    }
-
-    /// What we created counts as present until the cache shows it; then the cache wins.
-    #[test]
-    fn recent_creates_cover_a_cache_that_is_behind() {
-        let r = Recent::default();
-        assert_eq!(r.overlay("Secret", "ns", "a", None, meta), None);
-        r.remember("Secret", "ns", "a", Created::Meta(Box::new(named("ours"))));
-        let seen = r.overlay("Secret", "ns", "a", None, meta);
-        assert_eq!(seen.and_then(|m| m.name), Some("ours".into()));
-        // other kinds, names and namespaces are not covered
-        assert_eq!(r.overlay("Service", "ns", "a", None, meta), None);
-        assert_eq!(r.overlay("Secret", "other", "a", None, meta), None);
-        // once the cache has it, the memo goes: a later deletion reads as absent
-        let cached = r.overlay("Secret", "ns", "a", Some(named("cached")), meta);
-        assert_eq!(cached.and_then(|m| m.name), Some("cached".into()));
-        assert_eq!(r.overlay("Secret", "ns", "a", None, meta), None);
-    }
 
     /// The step, then its cause, each once.
     #[test]

@@ -15,8 +15,8 @@ use crate::exporter::apply::{emit, gone_is_done, requeue};
 use crate::exporter::context::{Context, Error};
 use crate::exporter::crd::Client;
 use crate::exporter::decide::client as client_status;
-use crate::exporter::own_writes::STALE_RECHECK;
 use crate::runtime::controller::Guarded;
+use crate::runtime::own_writes::STALE_RECHECK;
 use crate::runtime::writer::status_merge_patch;
 
 /// The Client pass (docs/exporter.md, "The Client pass").

@@ -19,8 +19,8 @@ use crate::exporter::context::{Caches, Context, Error};
 use crate::exporter::crd::{Exporter, Lease};
 use crate::exporter::decide::exporter::{self as exporter_status, HeldLease};
 use crate::exporter::decide::lease::expiry;
-use crate::exporter::own_writes::STALE_RECHECK;
 use crate::runtime::controller::Guarded;
+use crate::runtime::own_writes::STALE_RECHECK;
 use crate::runtime::writer::status_merge_patch;
 
 /// The Exporter pass (docs/exporter.md, "The Exporter pass").

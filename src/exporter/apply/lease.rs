@@ -27,9 +27,9 @@ use crate::exporter::decide::lease::{
 };
 use crate::exporter::lease::selector;
 use crate::exporter::observe::readable;
-use crate::exporter::own_writes::STALE_RECHECK;
 use crate::runtime::controller::{ChangeMemory, Guarded};
 use crate::runtime::meta::controlled_by;
+use crate::runtime::own_writes::STALE_RECHECK;
 use crate::runtime::writer::status_merge_patch;
 
 /// The Lease pass (docs/exporter.md, "The Lease pass"): decide, write status, count, then metadata.
