@@ -30,7 +30,6 @@ use super::objects::manifest::{
     EXPAND_API, ManifestInput, build_manifest_configmap, build_template_configmap, expand_request,
     needs_expansion,
 };
-use super::objects::owner_reference;
 use super::objects::pod::{ExportVolume, PodInput, build_pod, dedup_volumes};
 use super::objects::service::service_conflict;
 use super::objects::status::condition;
@@ -40,6 +39,7 @@ use super::sources::kind::SourceKind;
 use super::sources::{source_template, source_vm};
 use super::status::{links, write_status};
 use super::types::{Condition, VirtualMachineExport};
+use crate::runtime::meta::controller_ref;
 use crate::runtime::own_writes::STALE_RECHECK;
 
 /// How long a pass on a copy that predates our own status write waits to look again: the watch
@@ -610,7 +610,7 @@ fn cert_secret(
                     .unwrap_or(renew_at)
                     .to_string(),
             )])),
-            owner_references: Some(vec![owner_reference(export)]),
+            owner_references: controller_ref(export).map(|o| vec![o]),
             ..Default::default()
         },
         type_: Some("kubernetes.io/tls".into()),

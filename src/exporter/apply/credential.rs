@@ -16,7 +16,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::conditions;
-use crate::exporter::apply::{controller_ref, emit};
+use crate::exporter::apply::emit;
 use crate::exporter::auth::token::{self, Claims, MintReason, TokenAction, TokenPolicy};
 use crate::exporter::context::{Context, Error};
 use crate::exporter::crd::{Client, Exporter};
@@ -24,7 +24,7 @@ use crate::exporter::decide::credential::{
     REASON_SECRET_CONFLICT, credential_name_too_long, secret_conflict,
 };
 use crate::exporter::decide::events::{EventSpec, mint_note};
-use crate::runtime::meta::controlled_by;
+use crate::runtime::meta::{controlled_by, controller_ref};
 
 /// An Exporter or a Client: the kinds that hold a credential Secret `<name><SUFFIX>`.
 pub trait Holder: Resource<DynamicType = ()> {

@@ -15,7 +15,7 @@ use serde_json::{Map, json};
 use tracing::info;
 
 use crate::conditions;
-use crate::exporter::apply::{controller_ref, gone_is_done, requeue};
+use crate::exporter::apply::{gone_is_done, requeue};
 use crate::exporter::context::{Caches, Context, Error};
 use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease, LeaseStatus};
 use crate::exporter::decide::lease::assign::{self, AssignInputs, QueueInputs};
@@ -28,7 +28,7 @@ use crate::exporter::decide::lease::{
 use crate::exporter::lease::selector;
 use crate::exporter::observe::readable;
 use crate::runtime::controller::{ChangeMemory, Guarded};
-use crate::runtime::meta::controlled_by;
+use crate::runtime::meta::{controlled_by, controller_ref};
 use crate::runtime::own_writes::STALE_RECHECK;
 use crate::runtime::writer::status_merge_patch;
 
