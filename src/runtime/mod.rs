@@ -24,6 +24,7 @@ pub mod guarded;
 pub mod health;
 pub mod http;
 pub mod index;
+pub mod kube_errors;
 pub mod leader;
 pub mod logging;
 pub mod manager;
