@@ -15,15 +15,15 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 
 use crate::exporter::context::{Caches, Context, Wakeups};
 use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
-use crate::exporter::{apply, grpc, metrics, own_writes, settings, startup};
+use crate::exporter::{apply, context, grpc, metrics, own_writes, startup};
 use crate::runtime::controller::{FanoutStream, Guarded, drop_managed_fields, run};
 use crate::runtime::{Runtime, Trigger};
 
 const ERROR_BACKOFF_CAP: Duration = Duration::from_secs(300);
 
 pub async fn start(rt: Runtime, matches: clap::ArgMatches) -> Result<(), String> {
-    let args = settings::Args::from_arg_matches(&matches).map_err(|e| e.to_string())?;
-    let settings = settings::Settings::resolve(
+    let args = context::Args::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+    let settings = context::Settings::resolve(
         &args,
         std::env::var("GRPC_ENDPOINT").ok(),
         std::env::var("CONTROLLER_KEY").ok(),
