@@ -324,7 +324,7 @@ async fn run_all(
             exporter_ctl,
             ctx.clone(),
             ERROR_BACKOFF_CAP,
-            apply::exporter::reconcile_exporter
+            apply::exporter::reconcile
         ),
         run(
             rt,
@@ -332,7 +332,7 @@ async fn run_all(
             lease_ctl,
             ctx.clone(),
             ERROR_BACKOFF_CAP,
-            apply::lease::reconcile_lease
+            apply::lease::reconcile
         ),
         run(
             rt,
@@ -340,7 +340,7 @@ async fn run_all(
             client_ctl,
             ctx,
             ERROR_BACKOFF_CAP,
-            apply::client::reconcile_client
+            apply::client::reconcile
         ),
     );
 }

@@ -20,7 +20,7 @@ use crate::runtime::own_writes::STALE_RECHECK;
 use crate::runtime::writer::status_merge_patch;
 
 /// The Client pass (docs/exporter.md, "The Client pass").
-pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(client: Arc<Client>, ctx: Arc<Context>) -> Result<Action, Error> {
     gone_is_done(client_pass(client, ctx).await)
 }
 

@@ -24,10 +24,7 @@ use crate::runtime::own_writes::STALE_RECHECK;
 use crate::runtime::writer::status_merge_patch;
 
 /// The Exporter pass (docs/exporter.md, "The Exporter pass").
-pub async fn reconcile_exporter(
-    exporter: Arc<Exporter>,
-    ctx: Arc<Context>,
-) -> Result<Action, Error> {
+pub async fn reconcile(exporter: Arc<Exporter>, ctx: Arc<Context>) -> Result<Action, Error> {
     gone_is_done(exporter_pass(exporter, ctx).await)
 }
 

@@ -33,7 +33,7 @@ use crate::runtime::own_writes::STALE_RECHECK;
 use crate::runtime::writer::status_merge_patch;
 
 /// The Lease pass (docs/exporter.md, "The Lease pass"): decide, write status, count, then metadata.
-pub async fn reconcile_lease(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error> {
     gone_is_done(lease_pass(lease, ctx).await)
 }
 
