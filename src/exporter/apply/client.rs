@@ -58,7 +58,7 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Context>) -> Result<Action, E
             return Ok(Action::await_change());
         }
     };
-    let desired = client_status::desired_status(
+    let desired = client_status::decide(
         &client,
         &claims,
         &ctx.settings.status.endpoint,

@@ -48,7 +48,7 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Context>) -> Result<Act
         };
 
     let held = held_lease(&ctx, &ns, &name);
-    let mut desired = exporter_status::desired_status(
+    let mut desired = exporter_status::decide(
         &exporter,
         claims.as_ref(),
         held.as_ref(),
