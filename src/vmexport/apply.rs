@@ -21,7 +21,7 @@ use super::api::*;
 use super::certs::{self, Pem};
 use super::context::{Context, Error, object_ref};
 use super::decide::{
-    CERT_ADVICE, CertStep, Failed, Observed, Plan, PlannedEvent, PodStep,
+    CERT_ADVICE, CertStep, Decision, Failed, Observed, PlannedEvent, PodStep,
     REASON_CONFIGMAP_CONFLICT, REASON_SECRET_CONFLICT, TOKEN_ADVICE, TokenStep, conflict,
     failure_event,
 };
@@ -37,7 +37,7 @@ use super::objects::token::{build_token_secret, generate_token};
 use super::podcache::slim_pod;
 use super::sources::kind::SourceKind;
 use super::sources::{source_template, source_vm};
-use super::status::{links, write_status};
+use super::status::{self, links};
 use super::types::{Condition, VirtualMachineExport};
 use crate::runtime::meta::controller_ref;
 use crate::runtime::own_writes::STALE_RECHECK;
@@ -80,7 +80,7 @@ pub(super) async fn apply(
     ctx: &Context,
     export: &VirtualMachineExport,
     observed: &Observed,
-    plan: &Plan,
+    plan: &Decision,
 ) -> Result<Action, Error> {
     let ns = export.namespace().unwrap_or_default();
     let name = export.name_any();
@@ -145,7 +145,7 @@ pub(super) async fn apply(
                             vm_manifest,
                             oci: plan.oci,
                         };
-                        match create_pod(ctx, export, &build_pod(&input, &ctx.cfg.pod)).await {
+                        match create_pod(ctx, export, &build_pod(&input, &ctx.settings.pod)).await {
                             Ok(true) => {}
                             Ok(false) => stale_pod = true,
                             Err(msg) => {
@@ -214,7 +214,7 @@ pub(super) async fn apply(
             // conflict (409) with it. Look again once its echo is in.
             return Ok(Action::requeue(STALE_RECHECK));
         }
-        write_status(ctx, export, &status).await?;
+        status::write(ctx, export, &status).await?;
     }
     match failure {
         // The status says what failed; the runtime's backoff retries it, by the TTL at the
@@ -549,7 +549,7 @@ async fn current_or_reissue(
             .map(|b| String::from_utf8_lossy(&b.0).into_owned());
         if let Some(crt) = crt
             && let Ok(info) = certs::inspect(&crt, &ca.cert)
-            && !certs::needs_reissue(&info, &svc, &ns, now, ctx.cfg.pod.cert_renew_before)
+            && !certs::needs_reissue(&info, &svc, &ns, now, ctx.settings.pod.cert_renew_before)
         {
             return Ok(info.not_after);
         }
@@ -588,12 +588,12 @@ fn cert_secret(
     let ns = export.namespace().unwrap_or_default();
     let svc = naming::service_name(&export.name_any());
     let name = naming::cert_secret_name(&export.name_any());
-    let pem = certs::issue_serving(ca, &svc, &ns, now, ctx.cfg.pod.cert_duration)
+    let pem = certs::issue_serving(ca, &svc, &ns, now, ctx.settings.pod.cert_duration)
         .map_err(|e| format!("Secret {name}: {e}"))?;
     let not_after = certs::inspect(&pem.cert, &ca.cert)
         .map_err(|e| format!("Secret {name}: {e}"))?
         .not_after;
-    let renew = jiff::SignedDuration::try_from(ctx.cfg.pod.cert_renew_before)
+    let renew = jiff::SignedDuration::try_from(ctx.settings.pod.cert_renew_before)
         .unwrap_or(jiff::SignedDuration::ZERO);
     let renew_at = not_after.checked_sub(renew).unwrap_or(now);
     let secret = Secret {

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::ObjectMeta;
@@ -80,10 +79,10 @@ impl ReconcileError for Error {
 }
 
 // The manager's settings for this feature (docs/vmexport.md, "Settings").
-#[derive(Args, Debug, Clone)]
-// clap names the group after the struct; every feature's struct is `Settings`.
+#[derive(clap::Args, Debug, Clone)]
+// clap names the group after the struct; the id keeps it apart from other features' flags.
 #[group(id = "vmexport-settings")]
-pub struct Settings {
+pub struct Args {
     /// Image that contains `ucm` on PATH, run by every export pod.
     #[arg(long = "export-server-image", default_value = concat!("ucm:", env!("CARGO_PKG_VERSION")), value_name = "IMAGE")]
     pub image: String,
@@ -168,7 +167,7 @@ pub struct Settings {
     pub tls_cipher_suites: Option<String>,
 }
 
-impl Settings {
+impl Args {
     /// The export pod's settings, or why a present value is invalid.
     pub fn pod_settings(&self) -> Result<PodSettings, String> {
         if self.cert_duration.is_zero() {
@@ -205,7 +204,7 @@ impl Settings {
 
 /// Settings resolved at start (docs/vmexport.md, "Settings").
 #[derive(Clone, Debug)]
-pub struct Config {
+pub struct Settings {
     pub pod: PodSettings,
     pub ca_secret: String,
     pub manager_namespace: String,
@@ -280,7 +279,7 @@ pub struct Context {
     pub writer: Writer,
     /// For reads; every write goes through `writer`.
     pub client: kube::Client,
-    pub cfg: Config,
+    pub settings: Settings,
     pub stores: Stores,
     pub recent: Created,
     /// Exports whose cached version one of our status writes replaced (docs/vmexport.md, "Pass
@@ -298,14 +297,14 @@ impl Context {
     pub fn new(
         writer: Writer,
         client: kube::Client,
-        cfg: Config,
+        settings: Settings,
         stores: Stores,
         ttl_deletions: IntCounter,
     ) -> Self {
         Context {
             writer,
             client,
-            cfg,
+            settings,
             stores,
             recent: Created::default(),
             replaced: Default::default(),
@@ -318,8 +317,8 @@ impl Context {
     /// `--export-external-ca-file`, else the host of the Ingress that routes to the export proxy
     /// with the CA of its TLS Secret ("" without TLS), as KubeVirt finds its proxy's Ingress.
     pub(super) async fn external(&self) -> Option<(String, String)> {
-        if let Some(h) = &self.cfg.external_host {
-            return Some((h.clone(), self.cfg.external_ca.clone()));
+        if let Some(h) = &self.settings.external_host {
+            return Some((h.clone(), self.settings.external_ca.clone()));
         }
         let ings = self.stores.ingresses.state();
         let (host, secret) =
@@ -327,7 +326,7 @@ impl Context {
         let cert = match secret {
             Some(name) => {
                 let api: Api<Secret> =
-                    Api::namespaced(self.client.clone(), &self.cfg.manager_namespace);
+                    Api::namespaced(self.client.clone(), &self.settings.manager_namespace);
                 match api.get_opt(&name).await {
                     Ok(Some(s)) => ingress_ca(&s),
                     Ok(None) => String::new(),
@@ -349,8 +348,9 @@ impl Context {
         if let Some(p) = guard.as_ref() {
             return Ok(p.clone());
         }
-        let name = &self.cfg.ca_secret;
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.cfg.manager_namespace);
+        let name = &self.settings.ca_secret;
+        let api: Api<Secret> =
+            Api::namespaced(self.client.clone(), &self.settings.manager_namespace);
         let read = |s: &Secret| -> Result<Pem, Error> {
             let d = s.data.clone().unwrap_or_default();
             let get = |k: &str| {
@@ -372,7 +372,7 @@ impl Context {
                 let secret = Secret {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
-                        namespace: Some(self.cfg.manager_namespace.clone()),
+                        namespace: Some(self.settings.manager_namespace.clone()),
                         ..Default::default()
                     },
                     type_: Some("kubernetes.io/tls".into()),

@@ -138,7 +138,7 @@ fn start(
     matches: clap::ArgMatches,
 ) -> futures::future::BoxFuture<'static, Result<(), String>> {
     Box::pin(async move {
-        let s = context::Settings::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+        let s = context::Args::from_arg_matches(&matches).map_err(|e| e.to_string())?;
         let pod = s.pod_settings()?;
         let external_ca = match &s.external_ca_file {
             Some(p) => std::fs::read_to_string(p).map_err(|e| {
@@ -149,7 +149,7 @@ fn start(
             })?,
             None => String::new(),
         };
-        let cfg = context::Config {
+        let cfg = context::Settings {
             pod,
             ca_secret: s.ca_secret.clone(),
             manager_namespace: rt.config.manager_namespace.clone(),
@@ -168,7 +168,7 @@ pub static FEATURE: Feature = Feature {
     crds,
     rbac,
     namespaced_rbac,
-    settings: <context::Settings as Args>::augment_args,
+    settings: <context::Args as Args>::augment_args,
     start,
     agents: &[server::args::AGENT, proxy::AGENT],
 };
