@@ -17,7 +17,7 @@ use kube::{
     runtime::{WatchStreamExt, controller::Action, reflector::ObjectRef, watcher},
 };
 
-use super::apply::act;
+use super::apply::apply;
 use super::context::{Context, Error, RoundMetrics, Settings};
 use super::decide::{self, Observed, Step};
 use super::grant;
@@ -62,12 +62,12 @@ pub async fn reconcile(snap: Arc<MiroirSnapshot>, ctx: Arc<Context>) -> Result<A
             // volume"); while another snapshot holds it, decide again as waiting on that one.
             Step::Open { stamp, .. } => {
                 let Some(volume) = volume.as_ref() else {
-                    return act(&snap, d, &ctx).await;
+                    return apply(&snap, d, &ctx).await;
                 };
                 let lock = ctx.volume_lock(&snap.spec.volume_name);
                 let _g = lock.lock().await;
                 match ctx.take_grant(&snap, volume, stamp, now).await? {
-                    None => return act(&snap, d, &ctx).await,
+                    None => return apply(&snap, d, &ctx).await,
                     Some((holder, until)) => {
                         let obs = Observed {
                             other_round: Some(&holder),
@@ -75,11 +75,11 @@ pub async fn reconcile(snap: Arc<MiroirSnapshot>, ctx: Arc<Context>) -> Result<A
                         };
                         let mut d = decide::decide(&obs, &ctx.settings);
                         d.requeue_at = d.requeue_at.or(until);
-                        return act(&snap, d, &ctx).await;
+                        return apply(&snap, d, &ctx).await;
                     }
                 }
             }
-            _ => return act(&snap, d, &ctx).await,
+            _ => return apply(&snap, d, &ctx).await,
         }
     }
     Ok(Action::requeue(Duration::from_secs(1)))
