@@ -205,9 +205,6 @@ impl Watches {
 /// The feature's metrics and the gauges read from its caches.
 fn register_metrics(rt: &Runtime, watches: &Watches) -> Result<metrics::Metrics, String> {
     let metrics = metrics::Metrics::new();
-    if let Some(ns) = &rt.config.watch_namespace {
-        metrics.preinit_namespace(ns);
-    }
     metrics
         .register(&rt.metrics.registry)
         .map_err(|e| format!("cannot register exporter metrics: {e}"))?;
@@ -221,6 +218,8 @@ fn register_metrics(rt: &Runtime, watches: &Watches) -> Result<metrics::Metrics,
         .registry
         .register(Box::new(metrics::LeaseQueueGauge::new(
             watches.leases.clone(),
+            watches.exporters.clone(),
+            &metrics,
             rt.config.watch_namespace.clone(),
         )))
         .map_err(|e| format!("cannot register the lease queue gauge: {e}"))?;
