@@ -3,7 +3,8 @@
 //! the queue (`queue`), the assignment itself (`assign`, the entry), which spot lease it
 //! preempts (`preempt`), when it ends (`expiry`) and the status it shows (`status`). The
 //! reconciler gathers the inputs (IO) and writes the result (`crate::exporter::apply::lease`).
-//! Arrows run one way: `assign` → `preempt` → `queue` → `access` → `expiry` → this file.
+//! Arrows run one way: `assign` → `queue`, `preempt` → `access` → `expiry` → this file, and
+//! `status` → `expiry`.
 
 use jiff::Timestamp;
 

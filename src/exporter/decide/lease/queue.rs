@@ -27,9 +27,7 @@ use super::access::{approved_candidates, matching};
 use super::expiry::is_ended_label;
 use super::{INVALID, UNSATISFIABLE};
 use crate::conditions;
-use crate::exporter::crd::{
-    Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, HookPhase, Lease, LeaseQueue,
-};
+use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease, LeaseQueue};
 use crate::exporter::decide::exporter::{ONLINE, REGISTERED};
 use crate::exporter::lease::selector;
 
