@@ -24,13 +24,12 @@ pub struct LeaseOutcome {
 /// `assignment` is the result of [`decide_assignment`](super::assign::decide_assignment) when
 /// the lease was not ended and had no exporter (the caller skips the decision otherwise).
 pub fn build_status(lease: &Lease, assignment: Option<Assignment>, now: Timestamp) -> LeaseOutcome {
+    let mut status = lease.status.clone().unwrap_or_default();
     let mut pass = Pass {
         generation: lease.metadata.generation,
         stamp: conditions::time(now),
-        conds: Vec::new(),
+        conds: status.conditions.take().unwrap_or_default(),
     };
-    let mut status = lease.status.clone().unwrap_or_default();
-    pass.conds = status.conditions.take().unwrap_or_default();
     // Only a lease that waits in the queue has a place in it (set below).
     status.queue = None;
 
