@@ -350,7 +350,8 @@ impl LeasePass<'_> {
 /// watch mapper of the Lease controller's policy trigger).
 pub fn of_policy(
     leases: Store<Guarded<Lease>>,
-) -> impl Fn(Guarded<ExporterAccessPolicy>) -> Vec<ObjectRef<Guarded<Lease>>> {
+) -> impl Fn(Guarded<ExporterAccessPolicy>) -> Vec<ObjectRef<Guarded<Lease>>> + Send + Sync + 'static
+{
     move |policy| {
         let ns = policy.meta().namespace.clone().unwrap_or_default();
         pending_leases(&leases, &ns, |_| true)
@@ -360,7 +361,7 @@ pub fn of_policy(
 /// The waiting Leases a Client change may satisfy: its pending Leases.
 pub fn of_client(
     leases: Store<Guarded<Lease>>,
-) -> impl Fn(Guarded<Client>) -> Vec<ObjectRef<Guarded<Lease>>> {
+) -> impl Fn(Guarded<Client>) -> Vec<ObjectRef<Guarded<Lease>>> + Send + Sync + 'static {
     move |client| {
         let ns = client.meta().namespace.clone().unwrap_or_default();
         let name = client.meta().name.clone().unwrap_or_default();
@@ -374,7 +375,7 @@ pub fn of_client(
 /// each exporter's shared signature sits behind a lock only it takes.
 pub fn of_exporter(
     leases: Store<Guarded<Lease>>,
-) -> impl Fn(Guarded<Exporter>) -> Vec<ObjectRef<Guarded<Lease>>> {
+) -> impl Fn(Guarded<Exporter>) -> Vec<ObjectRef<Guarded<Lease>>> + Send + Sync + 'static {
     let signatures = Mutex::new(ChangeMemory::default());
     move |exporter| {
         // An unreadable Exporter is no candidate; its own pass reports it.
