@@ -337,7 +337,7 @@ async fn run_all(
             rt,
             "client",
             client_ctl,
-            ctx,
+            ctx.clone(),
             ERROR_BACKOFF_CAP,
             apply::client::reconcile
         ),
