@@ -316,15 +316,7 @@ impl Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exporter::config::jwt::{RawJwtAuthenticator, validate};
-
-    fn parse(yaml: &str) -> Result<Vec<JwtAuthenticator>, String> {
-        let raw: Vec<RawJwtAuthenticator> =
-            serde_saphyr::from_str(yaml).map_err(|e| e.to_string())?;
-        validate("authentication.jwt", raw, "internal:")
-    }
-
-    const OK: &str = "- issuer:\n    url: https://kc.example.com/realms/lab\n    audiences: [jumpstarter-cli]\n  claimMappings:\n    username:\n      claim: preferred_username\n      prefix: \"kc:\"\n";
+    use crate::exporter::config::jwt::tests::{OK, parse};
 
     #[test]
     fn username_rules() {

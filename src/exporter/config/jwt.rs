@@ -348,16 +348,17 @@ fn required_claims(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn parse(yaml: &str) -> Result<Vec<JwtAuthenticator>, String> {
+    /// `authentication.jwt` read and validated, for the verifier's tests too.
+    pub(crate) fn parse(yaml: &str) -> Result<Vec<JwtAuthenticator>, String> {
         let raw: Vec<RawJwtAuthenticator> =
             serde_saphyr::from_str(yaml).map_err(|e| e.to_string())?;
         validate("authentication.jwt", raw, "internal:")
     }
 
-    const OK: &str = "- issuer:\n    url: https://kc.example.com/realms/lab\n    audiences: [jumpstarter-cli]\n  claimMappings:\n    username:\n      claim: preferred_username\n      prefix: \"kc:\"\n";
+    pub(crate) const OK: &str = "- issuer:\n    url: https://kc.example.com/realms/lab\n    audiences: [jumpstarter-cli]\n  claimMappings:\n    username:\n      claim: preferred_username\n      prefix: \"kc:\"\n";
 
     #[test]
     fn the_supported_form_is_read() {
