@@ -316,7 +316,7 @@ impl Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exporter::config::jwt::tests::{OK, parse};
+    use crate::exporter::config::jwt::tests::parse;
 
     #[test]
     fn username_rules() {
