@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::exporter::auth::token;
 use crate::exporter::crd::{Lease, LeaseStatus};
+use crate::exporter::decide::lease::Assignment;
 use crate::exporter::decide::lease::expiry::{is_active, is_ended_label};
-use crate::exporter::decide::lease::{Assignment, ENDED_LABEL, ENDED_VALUE};
 use crate::runtime::controller::Guarded;
 use crate::runtime::own_writes::{OwnWrites, Replaced};
 
@@ -182,6 +182,7 @@ impl Tokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exporter::decide::lease::{ENDED_LABEL, ENDED_VALUE};
 
     fn pending(name: &str) -> Lease {
         let mut l = Lease::new(name, Default::default());

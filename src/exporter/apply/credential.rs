@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
-use kube::api::{ObjectMeta, Patch};
+use kube::api::{ObjectMeta, PartialObjectMeta, Patch};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -24,6 +24,7 @@ use crate::exporter::decide::credential::{
     REASON_SECRET_CONFLICT, credential_name_too_long, secret_conflict,
 };
 use crate::exporter::decide::events::{EventSpec, mint_note};
+use crate::runtime::controller::Guarded;
 use crate::runtime::meta::{controlled_by, controller_ref};
 
 /// An Exporter or a Client: the kinds that hold a credential Secret `<name><SUFFIX>`.

@@ -5,7 +5,6 @@
 //!
 //! Nothing here logs or returns token text.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +17,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-use crate::exporter::config::jwt::JwtAuthenticator;
+use crate::exporter::config::jwt::{JwtAuthenticator, check_url};
 
 /// Tolerated clock difference for `exp`, `nbf` and `iat` (bounded, not configurable).
 pub const CLOCK_SKEW: Duration = Duration::from_secs(5);

@@ -107,7 +107,7 @@ fn claim_of_expression(expr: &str) -> Option<&str> {
         .then_some(name)
 }
 
-fn check_url(field: &str, url: &str) -> Result<(), String> {
+pub(crate) fn check_url(field: &str, url: &str) -> Result<(), String> {
     let rest = url
         .strip_prefix("https://")
         .ok_or_else(|| format!("{field} {url:?} must be an https:// URL"))?;

@@ -13,7 +13,6 @@ pub mod token;
 use std::collections::BTreeMap;
 
 use super::api::*;
-use super::types::VirtualMachineExport;
 
 fn app_labels() -> BTreeMap<String, String> {
     BTreeMap::from([(APP_LABEL.to_string(), APP_LABEL_VALUE.to_string())])

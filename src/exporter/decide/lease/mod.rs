@@ -6,6 +6,8 @@
 //! Arrows run one way: `assign` → `queue`, `preempt` → `access` → `expiry` → this file, and
 //! `status` → `expiry`.
 
+use std::time::Duration;
+
 use jiff::Timestamp;
 
 use crate::exporter::crd::LeaseQueue;
