@@ -182,6 +182,8 @@ impl Tokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
     use crate::exporter::decide::lease::{ENDED_LABEL, ENDED_VALUE};
 
     fn pending(name: &str) -> Lease {

@@ -14,8 +14,8 @@ use crate::exporter::crd::{
     ClientSpec, ExporterAccessPolicySpec, ExporterSpec, ExporterStatus, ExporterStatusValue, From,
     HookPhase, HookState, LeaseHooks, LeaseSpec, LeaseStatus, LocalObjectReference, Policy,
 };
+use crate::exporter::decide::lease::access::filter_out_disabled;
 use crate::exporter::decide::lease::access::gate_on_fresh;
-use crate::exporter::decide::lease::access::{filter_out_disabled, matching};
 use crate::exporter::decide::lease::expiry::{held_lease, is_active};
 use crate::exporter::decide::lease::preempt::preempted_status;
 use crate::exporter::decide::lease::status::build_status;
