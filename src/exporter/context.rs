@@ -216,23 +216,7 @@ impl Settings {
             .filter(|e| !e.is_empty())
             .or(env_endpoint.filter(|e| !e.is_empty()))
             .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
-        let key_source = match (env_controller_key, &args.signing_key_secret) {
-            (Some(_), Some(_)) => {
-                return Err(
-                    "CONTROLLER_KEY and --exporter-signing-key-secret are both set; choose one"
-                        .into(),
-                );
-            }
-            (Some(seed), None) if seed.is_empty() => {
-                return Err("CONTROLLER_KEY is set but empty".into());
-            }
-            (Some(seed), None) => KeySource::Seed(seed),
-            (None, Some(name)) if name.is_empty() => {
-                return Err("--exporter-signing-key-secret is empty".into());
-            }
-            (None, Some(name)) => KeySource::Secret(name.clone()),
-            (None, None) => KeySource::Generated,
-        };
+        let key_source = key_source(env_controller_key, args.signing_key_secret.as_ref())?;
         let grpc_bind_address = crate::runtime::cli::parse_bind_address(&args.grpc_bind_address)
             .map_err(|e| format!("--exporter-grpc-bind-address: {e}"))?;
         if args.router_endpoint.is_empty() {
@@ -275,6 +259,26 @@ impl Settings {
             },
             key_source,
         })
+    }
+}
+
+/// Where the signing key comes from: the `CONTROLLER_KEY` seed or the named Secret (not both),
+/// else the generated one.
+fn key_source(
+    env_controller_key: Option<String>,
+    secret: Option<&String>,
+) -> Result<KeySource, String> {
+    match (env_controller_key, secret) {
+        (Some(_), Some(_)) => {
+            Err("CONTROLLER_KEY and --exporter-signing-key-secret are both set; choose one".into())
+        }
+        (Some(seed), None) if seed.is_empty() => Err("CONTROLLER_KEY is set but empty".into()),
+        (Some(seed), None) => Ok(KeySource::Seed(seed)),
+        (None, Some(name)) if name.is_empty() => {
+            Err("--exporter-signing-key-secret is empty".into())
+        }
+        (None, Some(name)) => Ok(KeySource::Secret(name.clone())),
+        (None, None) => Ok(KeySource::Generated),
     }
 }
 
