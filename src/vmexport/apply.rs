@@ -42,9 +42,6 @@ use super::types::{Condition, VirtualMachineExport};
 use crate::runtime::meta::controller_ref;
 use crate::runtime::own_writes::STALE_RECHECK;
 
-/// How long a pass on a copy that predates our own status write waits to look again: the watch
-/// delivers the write within milliseconds, and the recheck reads only caches.
-
 pub(super) async fn create_restore_pvcs(
     ctx: &Context,
     export: &VirtualMachineExport,
