@@ -78,13 +78,12 @@ fn check_page(repo: &Path, page: &str, text: &str) -> Vec<String> {
                 }
                 rest = line.splitn(3, '|').nth(2).unwrap_or_default();
             }
-        } else if in_map {
-            if let Some(b) = code_spans(line)
+        } else if in_map
+            && let Some(b) = code_spans(line)
                 .filter(|s| s.starts_with("src/") && s.ends_with('/'))
                 .last()
-            {
-                base = Some(b.to_string());
-            }
+        {
+            base = Some(b.to_string());
         }
         for path in named_paths(rest) {
             if !repo.join(path).exists() {
