@@ -3,6 +3,8 @@
 
 pub mod cli;
 pub mod conditions;
+#[cfg(test)]
+mod docs_paths;
 pub mod exporter;
 pub mod godur;
 pub mod k8s_names;

@@ -1,6 +1,8 @@
 //! The exporter feature's metrics (docs/exporter.md, "Metrics"). No metric carries a per-object
-//! label; every label value is pre-initialised, except the namespaces of the lease-queue metrics
-//! (docs/exporter.md, "Lease scheduling"), which appear with the first lease of a namespace.
+//! label; every label value is pre-initialised, so a dashboard reads 0, not "No data", from the
+//! first scrape. The lease-queue metrics (docs/exporter.md, "Lease scheduling") carry the
+//! namespace: theirs are the namespaces that hold an Exporter or a Lease, and the watched one
+//! ([`LeaseQueueGauge`] reads them from the caches at each scrape).
 
 use kube::runtime::reflector::Store;
 use prometheus::core::{Collector, Desc};
@@ -123,16 +125,16 @@ impl Metrics {
         }
     }
 
-    /// The lease-queue series of a namespace known at start (`--watch-namespace`), at 0.
-    pub fn preinit_namespace(&self, namespace: &str) {
+    /// The lease-queue series of a namespace, at 0 until their first event.
+    fn preinit_namespace(&self, namespace: &str) {
         self.lease_wait.with_label_values(&[namespace]);
         self.preemptions.with_label_values(&[namespace]);
     }
 
     pub fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
+        // lease_wait and preemptions are collected by the LeaseQueueGauge, which shows the
+        // series of every namespace that holds an Exporter or a Lease.
         registry.register(Box::new(self.acquisitions.clone()))?;
-        registry.register(Box::new(self.lease_wait.clone()))?;
-        registry.register(Box::new(self.preemptions.clone()))?;
         registry.register(Box::new(self.dials.clone()))?;
         registry.register(Box::new(self.streams.clone()))?;
         registry.register(Box::new(self.status_writes.clone()))
@@ -224,19 +226,31 @@ impl Collector for ExporterGauges {
     }
 }
 
-/// `ucm_exporter_lease_queue_length{namespace}`: the leases waiting for an exporter, from the
-/// Lease cache at scrape time.
+/// The lease-queue metrics: `ucm_exporter_lease_queue_length{namespace}` (the leases waiting for
+/// an exporter, from the Lease cache at scrape time), and the [`Metrics`]'
+/// `ucm_exporter_lease_wait_seconds` and `ucm_exporter_lease_preemptions_total`, whose series
+/// of every namespace that holds an Exporter or a Lease (and the watched one) are shown, at 0
+/// before their first event.
 pub struct LeaseQueueGauge {
     store: Store<Guarded<Lease>>,
+    exporters: Store<Guarded<Exporter>>,
     length: IntGaugeVec,
-    /// Namespaces shown at 0 when they hold no lease (`--watch-namespace`).
+    metrics: Metrics,
+    /// The watched namespace (`--watch-namespace`): shown at 0 when it holds nothing yet.
     known: Option<String>,
 }
 
 impl LeaseQueueGauge {
-    pub fn new(store: Store<Guarded<Lease>>, known: Option<String>) -> Self {
+    pub fn new(
+        store: Store<Guarded<Lease>>,
+        exporters: Store<Guarded<Exporter>>,
+        metrics: &Metrics,
+        known: Option<String>,
+    ) -> Self {
         LeaseQueueGauge {
             store,
+            exporters,
+            metrics: metrics.clone(),
             known,
             length: IntGaugeVec::new(
                 Opts::new(
@@ -259,7 +273,7 @@ pub fn queue_lengths<'a>(
     for l in leases {
         let ns = l.metadata.namespace.clone().unwrap_or_default();
         let n = out.entry(ns).or_insert(0);
-        if crate::exporter::lease::queue::is_waiting(l, now) {
+        if crate::exporter::decide::lease::queue::is_waiting(l, now) {
             *n += 1;
         }
     }
@@ -268,7 +282,10 @@ pub fn queue_lengths<'a>(
 
 impl Collector for LeaseQueueGauge {
     fn desc(&self) -> Vec<&Desc> {
-        self.length.desc()
+        let mut d = self.length.desc();
+        d.extend(self.metrics.lease_wait.desc());
+        d.extend(self.metrics.preemptions.desc());
+        d
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
@@ -277,15 +294,25 @@ impl Collector for LeaseQueueGauge {
             state.iter().filter_map(|g| g.0.as_ref().ok()),
             jiff::Timestamp::now(),
         );
-        if let Some(ns) = &self.known {
-            lengths.entry(ns.clone()).or_insert(0);
+        let exporters = self.exporters.state();
+        let namespaces = exporters
+            .iter()
+            .filter_map(|e| e.0.as_ref().ok()?.metadata.namespace.clone())
+            .chain(self.known.clone());
+        for ns in namespaces {
+            lengths.entry(ns).or_insert(0);
         }
-        // A namespace whose leases are all gone drops out.
+        // A namespace whose leases and exporters are all gone drops out of the gauge; the
+        // counters keep what they counted.
         self.length.reset();
-        for (ns, n) in lengths {
-            self.length.with_label_values(&[&ns]).set(n);
+        for (ns, n) in &lengths {
+            self.length.with_label_values(&[ns]).set(*n);
+            self.metrics.preinit_namespace(ns);
         }
-        self.length.collect()
+        let mut out = self.length.collect();
+        out.extend(self.metrics.lease_wait.collect());
+        out.extend(self.metrics.preemptions.collect());
+        out
     }
 }
 
@@ -348,6 +375,51 @@ mod tests {
         assert_eq!(series("ucm_exporter_status_writes_total"), 6);
         assert_eq!(series("ucm_exporter_exporters"), 8);
         assert_eq!(series("ucm_exporter_exporters_online"), 2);
+    }
+
+    /// The lease-queue series of a namespace with an Exporter and no Lease yet, and of the
+    /// watched namespace, are in the first scrape at 0 (a dashboard shows 0, not "No data").
+    #[test]
+    fn lease_queue_series_are_shown_before_the_first_lease() {
+        use kube::runtime::watcher::Event;
+        let m = Metrics::new();
+        let registry = Registry::new();
+        m.register(&registry).unwrap();
+        let (leases, _lease_writer) = kube::runtime::reflector::store::<Guarded<Lease>>();
+        let (exporters, mut exporter_writer) =
+            kube::runtime::reflector::store::<Guarded<Exporter>>();
+        let mut e = exporter(None, true);
+        e.metadata.name = Some("e1".into());
+        e.metadata.namespace = Some("lab".into());
+        exporter_writer.apply_watcher_event(&Event::Apply(Guarded(Ok(e))));
+        registry
+            .register(Box::new(LeaseQueueGauge::new(
+                leases,
+                exporters,
+                &m,
+                Some("watched".into()),
+            )))
+            .unwrap();
+        let families = registry.gather();
+        let namespaces = |name: &str| {
+            let mut v: Vec<String> = families
+                .iter()
+                .filter(|f| f.name() == name)
+                .flat_map(|f| f.get_metric())
+                .flat_map(|m| m.get_label())
+                .filter(|l| l.name() == "namespace")
+                .map(|l| l.value().to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        for name in [
+            "ucm_exporter_lease_queue_length",
+            "ucm_exporter_lease_wait_seconds",
+            "ucm_exporter_lease_preemptions_total",
+        ] {
+            assert_eq!(namespaces(name), ["lab", "watched"], "{name}");
+        }
     }
 
     #[test]

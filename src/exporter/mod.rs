@@ -9,11 +9,12 @@
 //! - the servers: `grpc` (the controller's services), `router` (the data path and its tokens;
 //!   also the `ucm router` agent), `login` (what `jmp login` reads), sharing `tls`; `proto`:
 //!   the Jumpstarter protocol;
-//! - the reconcilers: `context` (the shared state), `observe` (cache reads), the pure decisions
-//!   `status` (Exporter, Client) and `lease` (assignment, queue, selectors, the lease-hooks
-//!   record), `apply` (the three passes and the credential Secret), `own_writes` (what our
-//!   writes changed that the caches may not show yet), `run` (the wiring), `settings` and
-//!   `config` (flags and the upstream ConfigMap), `startup`, `metrics`.
+//! - the reconcilers: `context` (the shared state, the settings and flags), `observe` (cache
+//!   reads), `decide` (the pure decisions of the Exporter, Client and Lease passes), `lease`
+//!   (label selectors and the lease-hooks record), `apply` (the three passes, what triggers
+//!   them, and the credential Secret), `own_writes` (what our writes changed that the caches may
+//!   not show yet), `run` (the wiring), `config` (the upstream ConfigMap, with the JWT issuers),
+//!   `startup` (the ConfigMap and signing key read at start), `metrics`.
 
 pub mod apply;
 pub mod auth;
@@ -30,7 +31,6 @@ pub mod own_writes;
 pub mod proto;
 pub mod router;
 pub mod run;
-pub mod settings;
 pub mod startup;
 pub mod tls;
 
@@ -105,7 +105,7 @@ pub static FEATURE: Feature = Feature {
     crds,
     rbac,
     namespaced_rbac,
-    settings: settings::Args::augment_args,
+    settings: context::Args::augment_args,
     start: |rt, matches| Box::pin(run::start(rt, matches)),
     agents: &[crate::exporter::router::AGENT],
 };

@@ -1,6 +1,7 @@
-//! What this replica wrote that its caches may not show yet: lease assignments ([`Ledger`]),
-//! status writes whose echo has not arrived ([`Replaced`]), and the tokens in credential
-//! Secrets, whose data the metadata-only Secret cache does not hold ([`Tokens`]).
+//! What this replica wrote that its caches may not show yet, each kept in the runtime's
+//! [`OwnWrites`] (docs/runtime.md, "Own writes"): lease assignments ([`Ledger`]), status writes
+//! whose echo has not arrived ([`Replacements`]), and the tokens in credential Secrets, whose data
+//! the metadata-only Secret cache does not hold ([`Tokens`]).
 //!
 //! Lease assignment decides from caches (docs/exporter.md, "Lease assignment"): the Exporters,
 //! active Leases, policies and Clients that the watches keep, with no request. The one thing those
@@ -11,21 +12,20 @@
 //! Deciding and reserving happen under one lock, so concurrent workers never pick the same
 //! exporter. The ledger is per replica, which is enough: only the leader writes.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-/// (namespace, name).
-type Key = (String, String);
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::exporter::auth::token;
 use crate::exporter::crd::{Lease, LeaseStatus};
-use crate::exporter::lease::assign::{self, Assignment};
+use crate::exporter::decide::lease::Assignment;
+use crate::exporter::decide::lease::expiry::{is_active, is_ended_label};
 use crate::runtime::controller::Guarded;
+use crate::runtime::own_writes::{OwnWrites, Replaced};
 
 /// In-flight assignments: (namespace, lease) → (exporter, spot access).
 #[derive(Default)]
 pub struct Ledger {
-    inner: Mutex<HashMap<Key, (String, bool)>>,
+    assignments: OwnWrites<(String, bool)>,
 }
 
 impl Ledger {
@@ -41,7 +41,7 @@ impl Ledger {
         snapshot: impl FnOnce() -> Vec<Arc<Guarded<Lease>>>,
         decide: impl FnOnce(&[&Lease]) -> Assignment,
     ) -> Assignment {
-        let mut inner = self.inner.lock().expect("lock");
+        let mut inner = self.assignments.lock();
         let guards = snapshot();
         let cached: Vec<&Lease> = guards.iter().filter_map(|g| g.0.as_ref().ok()).collect();
         // An entry is done once the cache shows its lease assigned, ended or gone.
@@ -64,7 +64,7 @@ impl Ledger {
         let mut active: Vec<&Lease> = cached
             .iter()
             .copied()
-            .filter(|l| assign::is_active(l) || (l.status.is_none() && !assign::is_ended_label(l)))
+            .filter(|l| is_active(l) || (l.status.is_none() && !is_ended_label(l)))
             .collect();
         active.extend(in_flight.iter());
         let decision = decide(&active);
@@ -74,25 +74,19 @@ impl Ledger {
             ..
         } = &decision
         {
-            inner.insert(
-                (namespace.to_string(), lease.to_string()),
-                (exporter.clone(), *spot_access),
-            );
+            inner.insert(namespace, lease, (exporter.clone(), *spot_access));
         }
         decision
     }
 
     /// The assignment of `lease` was not written (an error or a conflict): its exporter is free.
     pub fn release(&self, namespace: &str, lease: &str) {
-        self.inner
-            .lock()
-            .expect("lock")
-            .remove(&(namespace.to_string(), lease.to_string()));
+        self.assignments.forget(namespace, lease);
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.inner.lock().expect("lock").len()
+        self.assignments.lock().len()
     }
 }
 
@@ -109,12 +103,6 @@ fn assigned(name: &str, exporter: &str, spot: bool) -> Lease {
     lease
 }
 
-/// How long a stale pass waits before it looks again: the watch delivers our own write within
-/// milliseconds, and the recheck reads only caches.
-pub const STALE_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
-
-pub use crate::runtime::replaced::Replaced;
-
 /// Status writes per kind (see [`Replaced`]).
 #[derive(Default)]
 pub struct Replacements {
@@ -129,7 +117,9 @@ pub struct Replacements {
 /// Secret data is held). Only credentials of this feature's objects are kept, each as read once
 /// ([`token::Read`]: subject, holder and times, not the JWT).
 pub struct Tokens {
-    inner: Mutex<TokensInner>,
+    known: OwnWrites<(String, token::Read)>,
+    /// The size at which entries of deleted Secrets are dropped next (doubles each time).
+    prune_at: AtomicUsize,
     /// False while a starting manager reads every credential Secret once
     /// (`apply::credential::prime_tokens`): a pass waits for that rather than GET its own Secret.
     primed: tokio::sync::watch::Sender<bool>,
@@ -138,17 +128,11 @@ pub struct Tokens {
 impl Default for Tokens {
     fn default() -> Self {
         Tokens {
-            inner: Default::default(),
+            known: Default::default(),
+            prune_at: AtomicUsize::new(0),
             primed: tokio::sync::watch::Sender::new(true),
         }
     }
-}
-
-#[derive(Default)]
-struct TokensInner {
-    tokens: HashMap<Key, (String, token::Read)>,
-    /// The size at which entries of deleted Secrets are dropped next (doubles each time).
-    prune_at: usize,
 }
 
 impl Tokens {
@@ -170,9 +154,8 @@ impl Tokens {
     }
 
     pub fn get(&self, namespace: &str, name: &str, rv: &str) -> Option<token::Read> {
-        let inner = self.inner.lock().expect("lock");
-        match inner.tokens.get(&(namespace.to_string(), name.to_string())) {
-            Some((at, token)) if at == rv => Some(token.clone()),
+        match self.known.get(namespace, name) {
+            Some((at, token)) if at == rv => Some(token),
             _ => None,
         }
     }
@@ -187,14 +170,11 @@ impl Tokens {
         token: token::Read,
         exists: impl Fn(&str, &str) -> bool,
     ) {
-        let mut inner = self.inner.lock().expect("lock");
-        inner.tokens.insert(
-            (namespace.to_string(), name.to_string()),
-            (rv.to_string(), token),
-        );
-        if inner.tokens.len() >= inner.prune_at.max(1024) {
-            inner.tokens.retain(|(ns, n), _| exists(ns, n));
-            inner.prune_at = inner.tokens.len() * 2;
+        let mut known = self.known.lock();
+        known.insert(namespace, name, (rv.to_string(), token));
+        if known.len() >= self.prune_at.load(Ordering::Relaxed).max(1024) {
+            known.retain(|(ns, n), _| exists(ns, n));
+            self.prune_at.store(known.len() * 2, Ordering::Relaxed);
         }
     }
 }
@@ -202,6 +182,9 @@ impl Tokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    use crate::exporter::decide::lease::{ENDED_LABEL, ENDED_VALUE};
 
     fn pending(name: &str) -> Lease {
         let mut l = Lease::new(name, Default::default());
@@ -242,13 +225,7 @@ mod tests {
         // Created in a burst: the manager has written none of these yet.
         let (fresh, me) = (Lease::new("l0", Default::default()), pending("l1"));
         let mut ended = Lease::new("l9", Default::default());
-        ended.metadata.labels = Some(
-            [(
-                assign::ENDED_LABEL.to_string(),
-                assign::ENDED_VALUE.to_string(),
-            )]
-            .into(),
-        );
+        ended.metadata.labels = Some([(ENDED_LABEL.to_string(), ENDED_VALUE.to_string())].into());
         ledger.decide("lab", "l1", cache(&[&fresh, &me, &ended]), |active| {
             let mut names: Vec<&str> = active
                 .iter()
@@ -395,34 +372,9 @@ mod tests {
                 exists,
             );
         }
-        let inner = t.inner.lock().unwrap();
-        assert_eq!(inner.tokens.len(), 512);
-        assert!(inner.tokens.keys().all(|(_, n)| exists("lab", n)));
-        assert_eq!(inner.prune_at, 1024);
-    }
-
-    #[test]
-    fn a_pass_on_the_version_our_write_replaced_is_stale() {
-        let r = Replaced::default();
-        assert!(!r.is_stale("lab", "l1", "10"));
-        r.note("lab", "l1", "10", "11");
-        assert!(r.is_stale("lab", "l1", "10"));
-        assert!(!r.is_stale("lab", "l2", "10"));
-        // A pass that wrote twice (status, then metadata) replaced two versions.
-        r.note("lab", "l1", "11", "12");
-        assert!(r.is_stale("lab", "l1", "10"));
-        assert!(r.is_stale("lab", "l1", "11"));
-        // The watch delivered our last write: a newer version, the entry goes.
-        assert!(!r.is_stale("lab", "l1", "12"));
-        assert!(!r.is_stale("lab", "l1", "10"));
-    }
-
-    #[test]
-    fn a_write_that_changed_nothing_leaves_no_stale_version() {
-        let r = Replaced::default();
-        // The API server kept version 10: the cache will never show a newer one, so a pass on
-        // 10 must run rather than wait for it.
-        r.note("lab", "l1", "10", "10");
-        assert!(!r.is_stale("lab", "l1", "10"));
+        let known = t.known.lock();
+        assert_eq!(known.len(), 512);
+        assert!(known.iter().all(|((_, n), _)| exists("lab", n)));
+        assert_eq!(t.prune_at.load(Ordering::Relaxed), 1024);
     }
 }

@@ -150,7 +150,7 @@ impl Publisher {
                     .await
                 {
                     // The first Event expired on the server: a new one.
-                    Err(e) if super::writer::is_not_found(&e) => {
+                    Err(e) if super::kube_errors::is_not_found(&e) => {
                         self.seen.lock().expect("lock").start(key, name, now)
                     }
                     other => return other.map(drop),

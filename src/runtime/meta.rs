@@ -1,6 +1,17 @@
 //! Object metadata questions every feature asks.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+
+/// The controller owner reference to `obj` that every feature writes on what it creates: it
+/// blocks `obj`'s deletion until the garbage collector removed the dependant, as
+/// controller-runtime's `SetControllerReference` writes it. None for an object with no name or
+/// uid (never stored).
+pub fn controller_ref<K: Resource<DynamicType = ()>>(obj: &K) -> Option<OwnerReference> {
+    let mut owner = obj.controller_owner_ref(&())?;
+    owner.block_owner_deletion = Some(true);
+    Some(owner)
+}
 
 /// Whether `meta` carries a controller owner reference to the object with `uid`: the one test
 /// of "ours" (a same-named object of someone else's is left alone).

@@ -18,7 +18,7 @@ fn to_patch(v: serde_json::Value) -> Result<json_patch::Patch, Error> {
     Ok(serde_json::from_value(v)?)
 }
 
-pub(super) async fn act(
+pub(super) async fn apply(
     snap: &MiroirSnapshot,
     d: Decision,
     ctx: &Context,

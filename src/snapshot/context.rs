@@ -139,7 +139,7 @@ pub struct Context {
     pub volumes: Store<Guarded<MiroirVolume>>,
     /// Every Lease of the agent namespace: the volumes' round grants (and the heartbeats).
     pub leases: Store<Lease>,
-    /// The agents' heartbeat Leases only ([`super::observe::AGENT_LEASE_LABEL`]): a pass reads
+    /// The agents' heartbeat Leases only ([`super::round::AGENT_LEASE_LABEL`]): a pass reads
     /// them all, so their number must not grow with the volumes.
     pub heartbeat_leases: Store<Lease>,
     /// The round grants' Leases (docs/snapshot.md, "One round per volume").

@@ -10,15 +10,9 @@ use kube::{ResourceExt, runtime::reflector::ObjectRef};
 
 use super::context::Context;
 use super::decide;
-use super::round::RoundView;
+use super::round::{AGENT_LEASE_PREFIX, RoundView};
 use super::types::{MiroirSnapshot, MiroirVolume, READY};
 use crate::conditions;
-
-/// Prefix of the agents' heartbeat Leases.
-pub const AGENT_LEASE_PREFIX: &str = "ucm-snapshot-agent-";
-/// The label every heartbeat Lease carries (set at each renewal): the manager watches those
-/// Leases apart from the round grants, whose number grows with the volumes.
-pub const AGENT_LEASE_LABEL: (&str, &str) = ("app.kubernetes.io/name", "ucm-snapshot-agent");
 
 impl Context {
     pub(super) fn volume(&self, name: &str) -> Option<MiroirVolume> {

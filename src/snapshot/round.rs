@@ -1,5 +1,5 @@
-//! Pure helpers shared by the manager and the agent: round identity, time stamps, slot queries
-//! and the exact fenced JSON Patch bodies (docs/snapshot.md, "Slot writes" and "Round writes").
+//! Pure helpers shared by the manager and the agent: the heartbeat Leases' name and label, round
+//! identity, time stamps, slot queries and the exact fenced JSON Patch bodies (docs/snapshot.md, "Slot writes" and "Round writes").
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -10,6 +10,12 @@ use serde_json::{Value, json};
 
 use super::types::{MiroirSnapshot, MiroirSnapshotStatus, SlotState};
 use crate::runtime::time::whole_seconds;
+
+/// Prefix of the agents' heartbeat Leases.
+pub const AGENT_LEASE_PREFIX: &str = "ucm-snapshot-agent-";
+/// The label every heartbeat Lease carries (set at each renewal): the manager watches those
+/// Leases apart from the round grants, whose number grows with the volumes.
+pub const AGENT_LEASE_LABEL: (&str, &str) = ("app.kubernetes.io/name", "ucm-snapshot-agent");
 
 /// Parses a `suspendedAt` stamp. Unparseable stamps are treated by callers as "expired".
 pub fn parse_stamp(s: &str) -> Option<Timestamp> {

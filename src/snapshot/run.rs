@@ -17,11 +17,12 @@ use kube::{
     runtime::{WatchStreamExt, controller::Action, reflector::ObjectRef, watcher},
 };
 
-use super::apply::act;
+use super::apply::apply;
 use super::context::{Context, Error, RoundMetrics, Settings};
 use super::decide::{self, Observed, Step};
 use super::grant;
-use super::observe::{AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX, waits_on_agent, waits_on_round};
+use super::observe::{waits_on_agent, waits_on_round};
+use super::round::{AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX};
 use super::types::{MiroirSnapshot, MiroirVolume};
 use crate::runtime::index::NameIndex;
 use crate::runtime::{Guarded, Runtime, Trigger, controller};
@@ -61,12 +62,12 @@ pub async fn reconcile(snap: Arc<MiroirSnapshot>, ctx: Arc<Context>) -> Result<A
             // volume"); while another snapshot holds it, decide again as waiting on that one.
             Step::Open { stamp, .. } => {
                 let Some(volume) = volume.as_ref() else {
-                    return act(&snap, d, &ctx).await;
+                    return apply(&snap, d, &ctx).await;
                 };
                 let lock = ctx.volume_lock(&snap.spec.volume_name);
                 let _g = lock.lock().await;
                 match ctx.take_grant(&snap, volume, stamp, now).await? {
-                    None => return act(&snap, d, &ctx).await,
+                    None => return apply(&snap, d, &ctx).await,
                     Some((holder, until)) => {
                         let obs = Observed {
                             other_round: Some(&holder),
@@ -74,11 +75,11 @@ pub async fn reconcile(snap: Arc<MiroirSnapshot>, ctx: Arc<Context>) -> Result<A
                         };
                         let mut d = decide::decide(&obs, &ctx.settings);
                         d.requeue_at = d.requeue_at.or(until);
-                        return act(&snap, d, &ctx).await;
+                        return apply(&snap, d, &ctx).await;
                     }
                 }
             }
-            _ => return act(&snap, d, &ctx).await,
+            _ => return apply(&snap, d, &ctx).await,
         }
     }
     Ok(Action::requeue(Duration::from_secs(1)))

@@ -19,9 +19,9 @@ use kube::{Api, ResourceExt};
 
 use super::api::*;
 use super::certs::{self, Pem};
-use super::context::{Context, Created, Error, object_ref};
+use super::context::{Context, Error, object_ref};
 use super::decide::{
-    CERT_ADVICE, CertStep, Failed, Observed, Plan, PlannedEvent, PodStep,
+    CERT_ADVICE, CertStep, Decision, Failed, Observed, PlannedEvent, PodStep,
     REASON_CONFIGMAP_CONFLICT, REASON_SECRET_CONFLICT, TOKEN_ADVICE, TokenStep, conflict,
     failure_event,
 };
@@ -30,7 +30,6 @@ use super::objects::manifest::{
     EXPAND_API, ManifestInput, build_manifest_configmap, build_template_configmap, expand_request,
     needs_expansion,
 };
-use super::objects::owner_reference;
 use super::objects::pod::{ExportVolume, PodInput, build_pod, dedup_volumes};
 use super::objects::service::service_conflict;
 use super::objects::status::condition;
@@ -38,12 +37,10 @@ use super::objects::token::{build_token_secret, generate_token};
 use super::podcache::slim_pod;
 use super::sources::kind::SourceKind;
 use super::sources::{source_template, source_vm};
-use super::status::{links, write_status};
+use super::status::{self, links};
 use super::types::{Condition, VirtualMachineExport};
-
-/// How long a pass on a copy that predates our own status write waits to look again: the watch
-/// delivers the write within milliseconds, and the recheck reads only caches.
-const STALE_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+use crate::runtime::meta::controller_ref;
+use crate::runtime::own_writes::STALE_RECHECK;
 
 pub(super) async fn create_restore_pvcs(
     ctx: &Context,
@@ -80,7 +77,7 @@ pub(super) async fn apply(
     ctx: &Context,
     export: &VirtualMachineExport,
     observed: &Observed,
-    plan: &Plan,
+    plan: &Decision,
 ) -> Result<Action, Error> {
     let ns = export.namespace().unwrap_or_default();
     let name = export.name_any();
@@ -145,7 +142,7 @@ pub(super) async fn apply(
                             vm_manifest,
                             oci: plan.oci,
                         };
-                        match create_pod(ctx, export, &build_pod(&input, &ctx.cfg.pod)).await {
+                        match create_pod(ctx, export, &build_pod(&input, &ctx.settings.pod)).await {
                             Ok(true) => {}
                             Ok(false) => stale_pod = true,
                             Err(msg) => {
@@ -214,7 +211,7 @@ pub(super) async fn apply(
             // conflict (409) with it. Look again once its echo is in.
             return Ok(Action::requeue(STALE_RECHECK));
         }
-        write_status(ctx, export, &status).await?;
+        status::write(ctx, export, &status).await?;
     }
     match failure {
         // The status says what failed; the runtime's backoff retries it, by the TTL at the
@@ -238,8 +235,7 @@ async fn create_pod(
     match ctx.writer.create(&api, pod).await {
         Ok(mut p) => {
             slim_pod(&mut p);
-            ctx.recent
-                .remember("Pod", &ns, &name, Created::Pod(Box::new(p)));
+            ctx.recent.pods.remember(&ns, &name, p);
             Ok(true)
         }
         Err(e) if e.is_already_exists() => Ok(false),
@@ -436,12 +432,7 @@ pub(super) async fn create_service(
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     match ctx.writer.create(&api, svc).await {
         Ok(created) => {
-            ctx.recent.remember(
-                "Service",
-                &ns,
-                &name,
-                Created::Meta(Box::new(created.metadata)),
-            );
+            ctx.recent.services.remember(&ns, &name, created.metadata);
             Ok(())
         }
         // Made meanwhile, or someone else's the cache does not show (unlabelled): whose?
@@ -486,12 +477,7 @@ pub(super) async fn create_token(
     let s = build_token_secret(export, name, &generate_token(TOKEN_LENGTH));
     match ctx.writer.create(&api, &s).await {
         Ok(created) => {
-            ctx.recent.remember(
-                "Secret",
-                &ns,
-                name,
-                Created::Meta(Box::new(created.metadata)),
-            );
+            ctx.recent.secrets.remember(&ns, name, created.metadata);
             Ok(())
         }
         // Created meanwhile (another leader, or someone else, possibly unlabelled so the cache
@@ -528,12 +514,7 @@ pub(super) async fn ensure_cert(
     let (secret, not_after) = cert_secret(ctx, export, ca, now)?;
     match ctx.writer.create(&api, &secret).await {
         Ok(created) => {
-            ctx.recent.remember(
-                "Secret",
-                &ns,
-                &name,
-                Created::Meta(Box::new(created.metadata)),
-            );
+            ctx.recent.secrets.remember(&ns, &name, created.metadata);
             Ok(not_after)
         }
         Err(e) if e.is_already_exists() => current_or_reissue(ctx, export, ca, &api, now).await,
@@ -565,7 +546,7 @@ async fn current_or_reissue(
             .map(|b| String::from_utf8_lossy(&b.0).into_owned());
         if let Some(crt) = crt
             && let Ok(info) = certs::inspect(&crt, &ca.cert)
-            && !certs::needs_reissue(&info, &svc, &ns, now, ctx.cfg.pod.cert_renew_before)
+            && !certs::needs_reissue(&info, &svc, &ns, now, ctx.settings.pod.cert_renew_before)
         {
             return Ok(info.not_after);
         }
@@ -604,12 +585,12 @@ fn cert_secret(
     let ns = export.namespace().unwrap_or_default();
     let svc = naming::service_name(&export.name_any());
     let name = naming::cert_secret_name(&export.name_any());
-    let pem = certs::issue_serving(ca, &svc, &ns, now, ctx.cfg.pod.cert_duration)
+    let pem = certs::issue_serving(ca, &svc, &ns, now, ctx.settings.pod.cert_duration)
         .map_err(|e| format!("Secret {name}: {e}"))?;
     let not_after = certs::inspect(&pem.cert, &ca.cert)
         .map_err(|e| format!("Secret {name}: {e}"))?
         .not_after;
-    let renew = jiff::SignedDuration::try_from(ctx.cfg.pod.cert_renew_before)
+    let renew = jiff::SignedDuration::try_from(ctx.settings.pod.cert_renew_before)
         .unwrap_or(jiff::SignedDuration::ZERO);
     let renew_at = not_after.checked_sub(renew).unwrap_or(now);
     let secret = Secret {
@@ -626,7 +607,7 @@ fn cert_secret(
                     .unwrap_or(renew_at)
                     .to_string(),
             )])),
-            owner_references: Some(vec![owner_reference(export)]),
+            owner_references: controller_ref(export).map(|o| vec![o]),
             ..Default::default()
         },
         type_: Some("kubernetes.io/tls".into()),

@@ -2,9 +2,9 @@
 //! the export CA, and the error type. Its own module so `apply`, `sources` and `run`
 //! all depend on it and on nothing of each other's IO.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::Ingress;
@@ -20,6 +20,7 @@ use super::objects::pod::PodSettings;
 use super::optional::Optional;
 use super::podcache::ClaimIndex;
 use super::types::VirtualMachineExport;
+use crate::runtime::own_writes::{OwnWrites, Replaced};
 use crate::runtime::writer::kube_metric_label;
 use crate::runtime::{ReconcileError, WriteError, Writer};
 
@@ -77,9 +78,133 @@ impl ReconcileError for Error {
     }
 }
 
+// The manager's settings for this feature (docs/vmexport.md, "Settings").
+#[derive(clap::Args, Debug, Clone)]
+// clap names the group after the struct; the id keeps it apart from other features' flags.
+#[group(id = "vmexport-settings")]
+pub struct Args {
+    /// Image that contains `ucm` on PATH, run by every export pod.
+    #[arg(long = "export-server-image", default_value = concat!("ucm:", env!("CARGO_PKG_VERSION")), value_name = "IMAGE")]
+    pub image: String,
+
+    /// Pull policy of the export container.
+    #[arg(long = "export-image-pull-policy", default_value = "IfNotPresent", value_parser = ["Always", "IfNotPresent", "Never"], value_name = "POLICY")]
+    pub pull_policy: String,
+
+    /// host[:port] of the external proxy; without it, status.links.external stays null.
+    #[arg(long = "export-external-host", value_name = "HOST")]
+    pub external_host: Option<String>,
+
+    /// PEM file whose contents go into links.external.cert.
+    #[arg(long = "export-external-ca-file", value_name = "PATH")]
+    pub external_ca_file: Option<std::path::PathBuf>,
+
+    /// The CA Secret, in the manager's namespace.
+    #[arg(
+        long = "export-ca-secret",
+        default_value = "ucm-export-ca",
+        value_name = "NAME"
+    )]
+    pub ca_secret: String,
+
+    /// Validity of serving certificates.
+    #[arg(long = "export-cert-duration", default_value = "24h", value_parser = crate::godur::parse, value_name = "DURATION")]
+    pub cert_duration: Duration,
+
+    /// Renewal margin of serving certificates. Default: 20% of --export-cert-duration.
+    #[arg(long = "export-cert-renew-before", value_parser = crate::godur::parse, value_name = "DURATION")]
+    pub cert_renew_before: Option<Duration>,
+
+    /// After an export's TTL, how long its deletion waits for downloads in flight to finish
+    /// (the export server takes no new request after the TTL and exits when the last one ends).
+    #[arg(long = "export-ttl-transfer-wait", default_value = "24h", value_parser = crate::godur::parse, value_name = "DURATION")]
+    pub ttl_transfer_wait: Duration,
+
+    /// Serve the `oci` format (KubeVirt 1.9's `OCIExport` gate, off there too): VM, snapshot and
+    /// template exports get an `oci` manifest link to `/export.oci.tar` and the `OCIReady`
+    /// condition; the export server computes the layers' digests before it reports ready.
+    #[arg(long = "export-oci", value_parser = crate::runtime::cli::parse_go_bool, default_missing_value = "true", num_args = 0..=1, require_equals = true, action = clap::ArgAction::Set, default_value = "false", value_name = "BOOL")]
+    pub oci: bool,
+
+    /// CPU request of the export container.
+    #[arg(
+        long = "export-server-cpu-request",
+        default_value = "100m",
+        value_name = "QUANTITY"
+    )]
+    pub cpu_request: String,
+
+    /// Memory request of the export container.
+    #[arg(
+        long = "export-server-memory-request",
+        default_value = "200Mi",
+        value_name = "QUANTITY"
+    )]
+    pub memory_request: String,
+
+    /// CPU limit of the export container; raise it for faster gzip.
+    #[arg(
+        long = "export-server-cpu-limit",
+        default_value = "1",
+        value_name = "QUANTITY"
+    )]
+    pub cpu_limit: String,
+
+    /// Memory limit of the export container.
+    #[arg(
+        long = "export-server-memory-limit",
+        default_value = "1024Mi",
+        value_name = "QUANTITY"
+    )]
+    pub memory_limit: String,
+
+    /// Minimum TLS version of the export server, as a numeric TLS version ID (771 = TLS 1.2, 772 = TLS 1.3).
+    #[arg(long = "export-tls-min-version", value_name = "ID")]
+    pub tls_min_version: Option<u16>,
+
+    /// TLS 1.2 cipher suites of the export server, as a JSON array of suite IDs.
+    #[arg(long = "export-tls-cipher-suites", value_name = "JSON")]
+    pub tls_cipher_suites: Option<String>,
+}
+
+impl Args {
+    /// The export pod's settings, or why a present value is invalid.
+    pub fn pod_settings(&self) -> Result<PodSettings, String> {
+        if self.cert_duration.is_zero() {
+            return Err(
+                "invalid value for '--export-cert-duration': must be greater than 0".into(),
+            );
+        }
+        let renew = self.cert_renew_before.unwrap_or(self.cert_duration / 5);
+        if renew >= self.cert_duration {
+            return Err("invalid value for '--export-cert-renew-before': must be less than --export-cert-duration".into());
+        }
+        if let Some(s) = &self.tls_cipher_suites
+            && serde_json::from_str::<Vec<u16>>(s).is_err()
+        {
+            return Err(format!(
+                "invalid value for '--export-tls-cipher-suites': {s:?} is not a JSON array of suite IDs"
+            ));
+        }
+        Ok(PodSettings {
+            image: self.image.clone(),
+            pull_policy: self.pull_policy.clone(),
+            cpu_request: self.cpu_request.clone(),
+            memory_request: self.memory_request.clone(),
+            cpu_limit: self.cpu_limit.clone(),
+            memory_limit: self.memory_limit.clone(),
+            tls_min_version: self.tls_min_version.map(|v| v.to_string()),
+            tls_cipher_suites: self.tls_cipher_suites.clone(),
+            cert_duration: self.cert_duration,
+            cert_renew_before: renew,
+            ttl_transfer_wait: self.ttl_transfer_wait,
+        })
+    }
+}
+
 /// Settings resolved at start (docs/vmexport.md, "Settings").
 #[derive(Clone, Debug)]
-pub struct Config {
+pub struct Settings {
     pub pod: PodSettings,
     pub ca_secret: String,
     pub manager_namespace: String,
@@ -129,53 +254,23 @@ impl Stores {
 /// Children this manager created that its caches may not show yet: the pass after a create
 /// often runs before the child's watch event arrives (it is queued by an event of another
 /// child of the same pass). Without this it would create again and get 409 AlreadyExists.
-/// An entry lives until the cache shows the object or [`Recent::TTL`] passes, so a child that
-/// was deleted before the cache saw it is not believed for ever.
-#[derive(Default)]
-pub struct Recent {
-    created: Mutex<HashMap<RecentKey, (Instant, Created)>>,
+/// An entry lives until the cache shows the object or [`CREATED_TTL`] passes, so a child that
+/// was deleted before the cache saw it is not believed for ever (docs/runtime.md, "Own writes").
+pub struct Created {
+    pub secrets: OwnWrites<ObjectMeta>,
+    pub services: OwnWrites<ObjectMeta>,
+    pub pods: OwnWrites<Pod>,
 }
 
-/// (kind, namespace, name).
-type RecentKey = (&'static str, String, String);
+/// How long a created child counts as present without the cache showing it.
+pub const CREATED_TTL: Duration = Duration::from_secs(30);
 
-#[derive(Clone)]
-pub enum Created {
-    Meta(Box<ObjectMeta>),
-    Pod(Box<Pod>),
-}
-
-impl Recent {
-    const TTL: Duration = Duration::from_secs(30);
-
-    pub fn remember(&self, kind: &'static str, ns: &str, name: &str, obj: Created) {
-        let mut m = self.created.lock().unwrap_or_else(|e| e.into_inner());
-        m.retain(|_, (t, _)| t.elapsed() < Self::TTL);
-        m.insert((kind, ns.into(), name.into()), (Instant::now(), obj));
-    }
-
-    /// The cached object, else what this manager created recently.
-    pub fn overlay<T>(
-        &self,
-        kind: &'static str,
-        ns: &str,
-        name: &str,
-        cached: Option<T>,
-        from: impl FnOnce(Created) -> Option<T>,
-    ) -> Option<T> {
-        let mut m = self.created.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (kind, ns.to_string(), name.to_string());
-        if cached.is_some() {
-            m.remove(&key);
-            return cached;
-        }
-        match m.get(&key) {
-            Some((t, obj)) if t.elapsed() < Self::TTL => from(obj.clone()),
-            Some(_) => {
-                m.remove(&key);
-                None
-            }
-            None => None,
+impl Default for Created {
+    fn default() -> Self {
+        Created {
+            secrets: OwnWrites::with_ttl(CREATED_TTL),
+            services: OwnWrites::with_ttl(CREATED_TTL),
+            pods: OwnWrites::with_ttl(CREATED_TTL),
         }
     }
 }
@@ -184,12 +279,12 @@ pub struct Context {
     pub writer: Writer,
     /// For reads; every write goes through `writer`.
     pub client: kube::Client,
-    pub cfg: Config,
+    pub settings: Settings,
     pub stores: Stores,
-    pub recent: Recent,
+    pub recent: Created,
     /// Exports whose cached version one of our status writes replaced (docs/vmexport.md, "Pass
     /// steps"): a pass on such a copy does not write status again.
-    pub replaced: crate::runtime::replaced::Replaced,
+    pub replaced: Replaced,
     ca: tokio::sync::Mutex<Option<Pem>>,
     pub ttl_deletions: IntCounter,
 }
@@ -202,16 +297,16 @@ impl Context {
     pub fn new(
         writer: Writer,
         client: kube::Client,
-        cfg: Config,
+        settings: Settings,
         stores: Stores,
         ttl_deletions: IntCounter,
     ) -> Self {
         Context {
             writer,
             client,
-            cfg,
+            settings,
             stores,
-            recent: Recent::default(),
+            recent: Created::default(),
             replaced: Default::default(),
             ca: tokio::sync::Mutex::new(None),
             ttl_deletions,
@@ -222,8 +317,8 @@ impl Context {
     /// `--export-external-ca-file`, else the host of the Ingress that routes to the export proxy
     /// with the CA of its TLS Secret ("" without TLS), as KubeVirt finds its proxy's Ingress.
     pub(super) async fn external(&self) -> Option<(String, String)> {
-        if let Some(h) = &self.cfg.external_host {
-            return Some((h.clone(), self.cfg.external_ca.clone()));
+        if let Some(h) = &self.settings.external_host {
+            return Some((h.clone(), self.settings.external_ca.clone()));
         }
         let ings = self.stores.ingresses.state();
         let (host, secret) =
@@ -231,7 +326,7 @@ impl Context {
         let cert = match secret {
             Some(name) => {
                 let api: Api<Secret> =
-                    Api::namespaced(self.client.clone(), &self.cfg.manager_namespace);
+                    Api::namespaced(self.client.clone(), &self.settings.manager_namespace);
                 match api.get_opt(&name).await {
                     Ok(Some(s)) => ingress_ca(&s),
                     Ok(None) => String::new(),
@@ -253,8 +348,9 @@ impl Context {
         if let Some(p) = guard.as_ref() {
             return Ok(p.clone());
         }
-        let name = &self.cfg.ca_secret;
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.cfg.manager_namespace);
+        let name = &self.settings.ca_secret;
+        let api: Api<Secret> =
+            Api::namespaced(self.client.clone(), &self.settings.manager_namespace);
         let read = |s: &Secret| -> Result<Pem, Error> {
             let d = s.data.clone().unwrap_or_default();
             let get = |k: &str| {
@@ -276,7 +372,7 @@ impl Context {
                 let secret = Secret {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
-                        namespace: Some(self.cfg.manager_namespace.clone()),
+                        namespace: Some(self.settings.manager_namespace.clone()),
                         ..Default::default()
                     },
                     type_: Some("kubernetes.io/tls".into()),
@@ -318,37 +414,6 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn named(n: &str) -> ObjectMeta {
-        ObjectMeta {
-            name: Some(n.into()),
-            ..Default::default()
-        }
-    }
-
-    fn meta(c: Created) -> Option<ObjectMeta> {
-        match c {
-            Created::Meta(m) => Some(*m),
-            Created::Pod(_) => None,
-        }
-    }
-
-    /// What we created counts as present until the cache shows it; then the cache wins.
-    #[test]
-    fn recent_creates_cover_a_cache_that_is_behind() {
-        let r = Recent::default();
-        assert_eq!(r.overlay("Secret", "ns", "a", None, meta), None);
-        r.remember("Secret", "ns", "a", Created::Meta(Box::new(named("ours"))));
-        let seen = r.overlay("Secret", "ns", "a", None, meta);
-        assert_eq!(seen.and_then(|m| m.name), Some("ours".into()));
-        // other kinds, names and namespaces are not covered
-        assert_eq!(r.overlay("Service", "ns", "a", None, meta), None);
-        assert_eq!(r.overlay("Secret", "other", "a", None, meta), None);
-        // once the cache has it, the memo goes: a later deletion reads as absent
-        let cached = r.overlay("Secret", "ns", "a", Some(named("cached")), meta);
-        assert_eq!(cached.and_then(|m| m.name), Some("cached".into()));
-        assert_eq!(r.overlay("Secret", "ns", "a", None, meta), None);
-    }
 
     /// The step, then its cause, each once.
     #[test]

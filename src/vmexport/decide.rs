@@ -1,9 +1,9 @@
 //! The decisions of a VirtualMachineExport pass (docs/vmexport.md, "Pass steps"; the steps below
-//! are its steps), as a pure function of what the pass observed: `plan(&Observed, &Config, now) ->
-//! Plan`. `run` observes (observe.rs, caches only), plans, and applies the plan (apply.rs); the
+//! are its steps), as a pure function of what the pass observed: `decide(&Observed, &Settings, now) ->
+//! Decision`. `run` observes (observe.rs, caches only), plans, and applies the plan (apply.rs); the
 //! plan says which children to make, what to do with the export Pod and why, the events, the
 //! status and when to look again. What only applying can tell (a create that fails) turns into
-//! the status with [`Plan::status_with`]. Also here: when a child of the export's name is not
+//! the status with [`Decision::status_with`]. Also here: when a child of the export's name is not
 //! its own (a conflict, docs/vmexport.md, "Failures").
 
 use std::time::Duration;
@@ -15,7 +15,7 @@ use kube::api::ObjectMeta;
 use kube::runtime::events::EventType;
 
 use super::api::*;
-use super::context::Config;
+use super::context::Settings;
 use super::naming;
 use super::objects::service::{build_service, service_conflict};
 use super::objects::status::{
@@ -89,7 +89,7 @@ pub enum PodStep {
 }
 
 #[derive(Clone, Debug)]
-pub struct Plan {
+pub struct Decision {
     /// The TTL passed: delete the export, nothing else.
     pub expired: bool,
     pub events: Vec<PlannedEvent>,
@@ -118,7 +118,7 @@ pub struct Plan {
     now: Time,
 }
 
-impl Plan {
+impl Decision {
     /// The status with `failure` in the Ready condition (or the pod's or the source's state).
     pub fn status_with(&self, failure: Option<&Condition>) -> VirtualMachineExportStatus {
         let mut status = self.base.clone();
@@ -149,7 +149,7 @@ impl Plan {
     }
 }
 
-impl Plan {
+impl Decision {
     /// `OCIReady`, as upstream: `True/DigestsComputed` once the export server is ready (it
     /// reports ready only after the digests), else `False/DigestsPending`. OURS: a ready Pod
     /// started without the format (its manifest could not be built, or the flag came later)
@@ -243,7 +243,7 @@ pub fn failure_event(
     })
 }
 
-pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
+pub fn decide(o: &Observed, cfg: &Settings, now_ts: jiff::Timestamp) -> Decision {
     let export = &o.export;
     let ns = export.namespace().unwrap_or_default();
     let name = export.name_any();
@@ -290,7 +290,7 @@ pub fn plan(o: &Observed, cfg: &Config, now_ts: jiff::Timestamp) -> Plan {
         );
     }
 
-    let mut plan = Plan {
+    let mut plan = Decision {
         expired: false,
         events,
         create_service: None,
@@ -527,7 +527,7 @@ fn renew_in(cert: Option<&ObjectMeta>, now: jiff::Timestamp) -> Option<Duration>
 /// last one ends; docs/vmexport.md, "TTL", rule 4). `None`: delete now.
 fn transfers_may_run(
     o: &Observed,
-    cfg: &Config,
+    cfg: &Settings,
     expiry: jiff::Timestamp,
     now: jiff::Timestamp,
 ) -> Option<(Duration, jiff::Timestamp)> {
@@ -548,7 +548,7 @@ fn transfers_may_run(
 /// The status while the deletion waits for downloads: `Terminated` (no new download starts),
 /// `Ready=False/WaitingForTransfers` saying until when, no links; told once as an event.
 fn wait_for_transfers(
-    plan: &mut Plan,
+    plan: &mut Decision,
     status: &mut VirtualMachineExportStatus,
     old: Option<&VirtualMachineExportStatus>,
     left: Duration,

@@ -24,8 +24,8 @@ fn now() -> jiff::Timestamp {
     t0() + jiff::SignedDuration::from_secs(60)
 }
 
-fn cfg() -> Config {
-    Config {
+fn cfg() -> Settings {
+    Settings {
         pod: PodSettings::default(),
         ca_secret: "ucm-export-ca".into(),
         manager_namespace: "ucm".into(),
@@ -155,7 +155,7 @@ fn with_pod(mut o: Observed, p: Pod) -> Observed {
     o
 }
 
-fn ready_cond(p: &Plan) -> (String, String, String) {
+fn ready_cond(p: &Decision) -> (String, String, String) {
     let c = p
         .status
         .conditions
@@ -171,11 +171,11 @@ fn ready_cond(p: &Plan) -> (String, String, String) {
     )
 }
 
-fn phase(p: &Plan) -> &str {
+fn phase(p: &Decision) -> &str {
     p.status.phase.as_deref().unwrap()
 }
 
-fn reasons(p: &Plan) -> Vec<&'static str> {
+fn reasons(p: &Decision) -> Vec<&'static str> {
     p.events.iter().map(|e| e.reason).collect()
 }
 
@@ -185,7 +185,7 @@ fn a_new_export_creates_its_children_and_pod() {
     o.service = None;
     o.token = None;
     o.cert = None;
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert!(!p.expired);
     assert_eq!(
         p.create_service
@@ -224,7 +224,7 @@ fn a_new_export_creates_its_children_and_pod() {
 
 #[test]
 fn present_children_are_not_made_again() {
-    let p = plan(&observed(available()), &cfg(), now());
+    let p = decide(&observed(available()), &cfg(), now());
     assert!(p.create_service.is_none());
     assert_eq!(
         p.token,
@@ -239,7 +239,7 @@ fn a_token_secret_ref_is_used_as_given() {
     let mut o = observed(available());
     o.export.spec.token_secret_ref = Some("mine".into());
     o.token = None;
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert_eq!(p.token, Some(TokenStep::Given("mine".into())));
     assert_eq!(p.status.token_secret_ref.as_deref(), Some("mine"));
     assert_eq!(p.pod, PodStep::Create);
@@ -247,7 +247,7 @@ fn a_token_secret_ref_is_used_as_given() {
 
 #[test]
 fn a_ready_pod_is_kept_and_gives_the_links() {
-    let p = plan(
+    let p = decide(
         &with_pod(observed(available()), pod("Running", true)),
         &cfg(),
         now(),
@@ -265,7 +265,7 @@ fn a_ready_pod_is_kept_and_gives_the_links() {
 
 #[test]
 fn a_pending_pod_is_kept_without_links() {
-    let p = plan(
+    let p = decide(
         &with_pod(observed(available()), pod("Pending", false)),
         &cfg(),
         now(),
@@ -278,7 +278,7 @@ fn a_pending_pod_is_kept_without_links() {
 
 #[test]
 fn a_running_pod_that_is_not_ready_says_where_to_look() {
-    let p = plan(
+    let p = decide(
         &with_pod(observed(available()), pod("Running", false)),
         &cfg(),
         now(),
@@ -292,7 +292,7 @@ fn a_running_pod_that_is_not_ready_says_where_to_look() {
 
 #[test]
 fn a_completed_pod_is_deleted_and_the_export_is_terminated() {
-    let p = plan(
+    let p = decide(
         &with_pod(observed(available()), pod("Succeeded", false)),
         &cfg(),
         now(),
@@ -312,7 +312,7 @@ fn a_completed_pod_is_deleted_and_the_export_is_terminated() {
 
 #[test]
 fn a_failed_pod_is_deleted_and_the_export_pending() {
-    let p = plan(
+    let p = decide(
         &with_pod(observed(available()), pod("Failed", false)),
         &cfg(),
         now(),
@@ -331,7 +331,7 @@ fn a_failed_pod_is_deleted_and_the_export_pending() {
 #[test]
 fn an_unavailable_source_pauses_the_pod() {
     let msg = "PersistentVolumeClaim ns/disk is in use";
-    let p = plan(
+    let p = decide(
         &with_pod(observed(paused(REASON_IN_USE, msg)), pod("Running", true)),
         &cfg(),
         now(),
@@ -367,7 +367,7 @@ fn changed_certificate_parameters_recreate_the_pod() {
         ANN_CERT_PARAMS.to_string(),
         "{}".to_string(),
     )]));
-    let p = plan(&with_pod(observed(available()), old), &cfg(), now());
+    let p = decide(&with_pod(observed(available()), old), &cfg(), now());
     assert_eq!(
         p.pod,
         PodStep::Delete {
@@ -384,7 +384,7 @@ fn changed_certificate_parameters_recreate_the_pod() {
 fn a_terminating_pod_is_not_deleted_again() {
     let mut p0 = pod("Succeeded", false);
     p0.metadata.deletion_timestamp = Some(Time(t0()));
-    let p = plan(&with_pod(observed(available()), p0), &cfg(), now());
+    let p = decide(&with_pod(observed(available()), p0), &cfg(), now());
     assert_eq!(p.pod, PodStep::Terminating);
     assert!(p.events.is_empty());
     assert_eq!(phase(&p), PHASE_TERMINATED);
@@ -394,7 +394,7 @@ fn a_terminating_pod_is_not_deleted_again() {
 fn a_foreign_pod_is_a_conflict_and_left_alone() {
     let mut foreign = pod("Running", true);
     foreign.metadata.owner_references = None;
-    let p = plan(&with_pod(observed(available()), foreign), &cfg(), now());
+    let p = decide(&with_pod(observed(available()), foreign), &cfg(), now());
     assert_eq!(p.pod, PodStep::Absent);
     assert_eq!(p.token, None);
     assert_eq!(phase(&p), PHASE_PENDING);
@@ -414,7 +414,7 @@ fn a_foreign_pod_is_a_conflict_and_left_alone() {
 fn a_foreign_service_is_a_creation_failure() {
     let mut o = observed(available());
     o.service = Some(meta(&naming::service_name("ex"), Some("other")));
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert!(p.create_service.is_none());
     assert_eq!(p.pod, PodStep::Absent);
     assert_eq!(ready_cond(&p).1, REASON_OBJECT_CREATION_FAILED);
@@ -425,7 +425,7 @@ fn a_foreign_service_is_a_creation_failure() {
 fn a_foreign_token_or_certificate_secret_is_a_conflict() {
     let mut o = observed(available());
     o.token = Some(meta(&naming::token_secret_name("ex"), None));
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert_eq!(p.token, None);
     assert_eq!(p.pod, PodStep::Absent);
     assert_eq!(ready_cond(&p).1, "SecretConflict");
@@ -433,12 +433,12 @@ fn a_foreign_token_or_certificate_secret_is_a_conflict() {
 
     let mut o = observed(available());
     o.cert = Some(meta(&naming::cert_secret_name("ex"), Some("other")));
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert_eq!(p.pod, PodStep::Absent);
     assert_eq!(p.cert, CertStep::None);
     assert_eq!(ready_cond(&p).1, "SecretConflict");
     // also while a pod runs
-    let p = plan(&with_pod(o, pod("Running", true)), &cfg(), now());
+    let p = decide(&with_pod(o, pod("Running", true)), &cfg(), now());
     assert_eq!(p.cert, CertStep::None);
     assert_eq!(ready_cond(&p).1, "SecretConflict");
     assert!(p.links_pod.is_none());
@@ -454,7 +454,7 @@ fn an_unsupported_source_is_skipped() {
     ));
     o.kind = classify_source(&e.spec);
     o.export = e;
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert_eq!(phase(&p), PHASE_SKIPPED);
     assert_eq!(ready_cond(&p).1, REASON_UNSUPPORTED_SOURCE);
     assert_eq!(p.pod, PodStep::Absent);
@@ -472,7 +472,7 @@ fn an_unsupported_source_is_skipped() {
 fn an_invalid_token_secret_ref_is_skipped() {
     let mut o = observed(available());
     o.export.spec.token_secret_ref = Some("Not_A_Name".into());
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert_eq!(phase(&p), PHASE_SKIPPED);
     assert_eq!(ready_cond(&p).1, REASON_INVALID_TOKEN_SECRET_REF);
     assert_eq!(p.pod, PodStep::Absent);
@@ -480,8 +480,8 @@ fn an_invalid_token_secret_ref_is_skipped() {
 
 #[test]
 fn the_pvc_row_follows_the_source() {
-    let p = plan(&observed(available()), &cfg(), now());
-    let row = |p: &Plan, t: &str| {
+    let p = decide(&observed(available()), &cfg(), now());
+    let row = |p: &Decision, t: &str| {
         p.status
             .conditions
             .iter()
@@ -502,13 +502,13 @@ fn the_pvc_row_follows_the_source() {
         REASON_NOT_ALL_PVCS_READY,
         "",
     ));
-    let p2 = plan(&o, &cfg(), now());
+    let p2 = decide(&o, &cfg(), now());
     assert_eq!(
         row(&p2, COND_VOLUMES_CREATED),
         Some(("False".into(), REASON_NOT_ALL_PVCS_READY.into()))
     );
     o.source.extra = None;
-    let p3 = plan(&o, &cfg(), now());
+    let p3 = decide(&o, &cfg(), now());
     assert_eq!(row(&p3, COND_PVC_READY), None);
 }
 
@@ -517,7 +517,7 @@ fn vm_and_snapshot_sources_name_the_vm_and_keep_a_manifest() {
     let mut o = observed(available());
     o.export = export_of("VirtualMachine", "vm1");
     o.kind = SourceKind::VirtualMachine;
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert_eq!(p.status.virtual_machine_name.as_deref(), Some("vm1"));
     assert!(p.manifest);
 
@@ -526,7 +526,7 @@ fn vm_and_snapshot_sources_name_the_vm_and_keep_a_manifest() {
     o.kind = SourceKind::VirtualMachineSnapshot;
     o.snapshot_vm = Some("vm2".into());
     o.source.create_pvcs = vec![PersistentVolumeClaim::default()];
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert_eq!(p.status.virtual_machine_name.as_deref(), Some("vm2"));
     assert!(p.manifest);
     assert_eq!(p.restore_pvcs.len(), 1, "the missing restore PVCs are made");
@@ -538,7 +538,7 @@ fn template_sources_keep_a_manifest_and_name_no_vm() {
     o.export = export_of("VirtualMachineTemplate", "t1");
     o.export.spec.source.api_group = Some("template.kubevirt.io".into());
     o.kind = SourceKind::VirtualMachineTemplate;
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert!(p.manifest);
     assert_eq!(p.status.virtual_machine_name, None);
 }
@@ -554,7 +554,7 @@ fn the_ttl_deletes_the_export_in_any_phase() {
         let mut o = observed(available());
         o.pod = p;
         o.export.spec.ttl_duration = Some("30s".into());
-        let p = plan(&o, &cfg(), now());
+        let p = decide(&o, &cfg(), now());
         assert!(p.expired);
         assert_eq!(p.pod, PodStep::Absent, "nothing else is done");
         assert!(p.create_service.is_none());
@@ -563,7 +563,7 @@ fn the_ttl_deletes_the_export_in_any_phase() {
     // Before the expiry, the requeue is the expiry.
     let mut o = with_pod(observed(available()), pod("Running", true));
     o.export.spec.ttl_duration = Some("30s".into());
-    let p = plan(&o, &cfg(), t0() + jiff::SignedDuration::from_secs(10));
+    let p = decide(&o, &cfg(), t0() + jiff::SignedDuration::from_secs(10));
     assert!(!p.expired);
     assert_eq!(p.requeue, Duration::from_secs(20));
 }
@@ -576,7 +576,7 @@ fn after_the_ttl_a_running_pod_finishes_its_downloads_within_the_wait() {
     c.pod.ttl_transfer_wait = Duration::from_secs(3600);
     // 30 s after the expiry: not deleted, nothing made, no links, told once, requeued at the
     // end of the wait.
-    let p = plan(&o, &c, now());
+    let p = decide(&o, &c, now());
     assert!(!p.expired);
     assert_eq!(p.pod, PodStep::Absent);
     assert!(p.create_service.is_none() && p.token.is_none());
@@ -595,25 +595,25 @@ fn after_the_ttl_a_running_pod_finishes_its_downloads_within_the_wait() {
     assert_eq!(p.requeue, Duration::from_secs(3600 - 30));
     // The next pass with that status: the same status, no second event.
     o.export.status = Some(p.status.clone());
-    let p2 = plan(&o, &c, now() + jiff::SignedDuration::from_secs(5));
+    let p2 = decide(&o, &c, now() + jiff::SignedDuration::from_secs(5));
     assert!(p2.events.is_empty());
     assert_eq!(p2.status, p.status);
     // The server exited (Succeeded): deleted.
     let mut done = o.clone();
     done.pod = Some(pod("Succeeded", false));
-    assert!(plan(&done, &c, now()).expired);
+    assert!(decide(&done, &c, now()).expired);
     // The wait is over: deleted, even with the Pod running.
-    assert!(plan(&o, &c, t0() + jiff::SignedDuration::from_secs(3630)).expired);
+    assert!(decide(&o, &c, t0() + jiff::SignedDuration::from_secs(3630)).expired);
     // A terminating Pod or one this export does not control holds nothing.
     let mut term = pod("Running", true);
     term.metadata.deletion_timestamp = Some(Time(t0()));
-    assert!(plan(&with_pod(o.clone(), term), &c, now()).expired);
+    assert!(decide(&with_pod(o.clone(), term), &c, now()).expired);
     let mut foreign = pod("Running", true);
     foreign.metadata.owner_references = Some(vec![owner("other")]);
-    assert!(plan(&with_pod(o.clone(), foreign), &c, now()).expired);
+    assert!(decide(&with_pod(o.clone(), foreign), &c, now()).expired);
     // A zero wait restores deletion at the TTL.
     c.pod.ttl_transfer_wait = Duration::ZERO;
-    assert!(plan(&o, &c, now()).expired);
+    assert!(decide(&o, &c, now()).expired);
 }
 
 #[test]
@@ -623,46 +623,46 @@ fn the_certificate_is_renewed_under_a_running_pod_when_due() {
     // (2 h after t0) when that comes first.
     let mut o2 = o.clone();
     o2.cert = Some(cert_meta("2026-01-01T00:31:00Z"));
-    let p = plan(&o2, &cfg(), now());
+    let p = decide(&o2, &cfg(), now());
     assert_eq!(p.cert, CertStep::Present);
     assert_eq!(p.pod, PodStep::Keep);
     assert_eq!(p.requeue, Duration::from_secs(29 * 60));
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert_eq!(p.requeue, Duration::from_secs(7200 - 60));
     // Due (within the minute): renewed in place; the Pod is kept.
     o2.cert = Some(cert_meta("2026-01-01T00:01:30Z"));
-    let p = plan(&o2, &cfg(), now());
+    let p = decide(&o2, &cfg(), now());
     assert_eq!(p.cert, CertStep::Renew);
     assert_eq!(p.pod, PodStep::Keep);
     assert!(p.events.is_empty());
     // Made by an older ucm (no annotation): renewed once.
     o2.cert = Some(meta(&naming::cert_secret_name("ex"), Some(UID)));
-    assert_eq!(plan(&o2, &cfg(), now()).cert, CertStep::Renew);
+    assert_eq!(decide(&o2, &cfg(), now()).cert, CertStep::Renew);
     // Missing: issued again as before.
     o2.cert = None;
-    assert_eq!(plan(&o2, &cfg(), now()).cert, CertStep::Present);
+    assert_eq!(decide(&o2, &cfg(), now()).cert, CertStep::Present);
 }
 
 #[test]
 fn an_invalid_ttl_is_told_once_at_initialisation() {
     let mut o = observed(available());
     o.export.spec.ttl_duration = Some("soon".into());
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert_eq!(reasons(&p), ["InvalidTTL"]);
     assert_eq!(p.events[0].action, "Initialize");
     // The next pass starts from the written status: no second event.
     o.export.status = Some(p.status.clone());
-    assert!(plan(&o, &cfg(), now()).events.is_empty());
+    assert!(decide(&o, &cfg(), now()).events.is_empty());
 }
 
 #[test]
 fn an_unchanged_export_plans_the_status_it_has() {
     let o = with_pod(observed(available()), pod("Running", true));
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     let mut o2 = o.clone();
     o2.export.status = Some(p.status.clone());
     let later = now() + jiff::SignedDuration::from_secs(600);
-    let p2 = plan(&o2, &cfg(), later);
+    let p2 = decide(&o2, &cfg(), later);
     assert_eq!(p2.status, p.status, "no write, transition times kept");
     assert_eq!(p2.pod, PodStep::Keep);
     assert!(p2.create_service.is_none() && p2.events.is_empty());
@@ -670,7 +670,7 @@ fn an_unchanged_export_plans_the_status_it_has() {
 
 #[test]
 fn a_failed_create_turns_into_the_status() {
-    let p = plan(&observed(available()), &cfg(), now());
+    let p = decide(&observed(available()), &cfg(), now());
     let f = condition(
         COND_READY,
         false,
@@ -937,7 +937,7 @@ fn vm_source_without_the_kubevirt_api_waits_for_it() {
 fn a_missing_source_is_a_warning_event_once() {
     let e = export();
     let missing = resolve_pvc(&stores(vec![], vec![]), &e);
-    let p = plan(&observed(missing.clone()), &cfg(), now());
+    let p = decide(&observed(missing.clone()), &cfg(), now());
     let warned: Vec<_> = p
         .events
         .iter()
@@ -949,14 +949,14 @@ fn a_missing_source_is_a_warning_event_once() {
     // The next pass, with the condition already in the status: no second event.
     let mut o = observed(missing);
     o.export.status = Some(p.status.clone());
-    let p2 = plan(&o, &cfg(), now());
+    let p2 = decide(&o, &cfg(), now());
     assert!(
         !reasons(&p2).contains(&REASON_PVC_NOT_FOUND),
         "{:?}",
         p2.events
     );
     // A source that is there: none.
-    let p3 = plan(&observed(available()), &cfg(), now());
+    let p3 = decide(&observed(available()), &cfg(), now());
     assert!(!reasons(&p3).contains(&REASON_PVC_NOT_FOUND));
 }
 
@@ -968,18 +968,18 @@ fn a_missing_source_is_a_warning_event_once() {
 fn a_new_export_changes_status_once_per_state_and_emits_no_event() {
     let mut o = observed(available());
     (o.service, o.token, o.cert) = (None, None, None);
-    let first = plan(&o, &cfg(), now());
+    let first = decide(&o, &cfg(), now());
     // Its write lands; the children and the pending pod appear in the caches.
     let mut o = with_pod(observed(available()), pod("Pending", false));
     o.export.status = Some(first.status.clone());
-    let later = plan(&o, &cfg(), now() + jiff::SignedDuration::from_secs(1));
+    let later = decide(&o, &cfg(), now() + jiff::SignedDuration::from_secs(1));
     assert_eq!(
         later.status, first.status,
         "a pass with nothing new writes nothing"
     );
     let mut o = with_pod(observed(available()), pod("Running", true));
     o.export.status = Some(first.status.clone());
-    let ready = plan(&o, &cfg(), now() + jiff::SignedDuration::from_secs(2));
+    let ready = decide(&o, &cfg(), now() + jiff::SignedDuration::from_secs(2));
     assert_ne!(ready.status, first.status);
     assert_eq!(phase(&ready), PHASE_READY);
     for p in [&first, &later, &ready] {
@@ -993,7 +993,7 @@ fn a_new_export_changes_status_once_per_state_and_emits_no_event() {
 #[test]
 fn oci_ready_follows_the_export_server_with_the_flag() {
     use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
-    let oci_cfg = Config { oci: true, ..cfg() };
+    let oci_cfg = Settings { oci: true, ..cfg() };
     let vm = |p: Option<Pod>| {
         let mut o = observed(available());
         o.export = export_of("VirtualMachine", "vm1");
@@ -1002,7 +1002,7 @@ fn oci_ready_follows_the_export_server_with_the_flag() {
         o.pod = p;
         o
     };
-    let oci = |p: &Plan| {
+    let oci = |p: &Decision| {
         p.status
             .conditions
             .as_ref()
@@ -1038,20 +1038,20 @@ fn oci_ready_follows_the_export_server_with_the_flag() {
         p
     };
 
-    let p = plan(&vm(None), &oci_cfg, now());
+    let p = decide(&vm(None), &oci_cfg, now());
     assert!(p.oci && p.pod == PodStep::Create);
     assert_eq!(
         oci(&p),
         Some(("False".into(), REASON_DIGESTS_PENDING.into(), String::new()))
     );
-    let p = plan(&vm(Some(pod("Running", false))), &oci_cfg, now());
+    let p = decide(&vm(Some(pod("Running", false))), &oci_cfg, now());
     assert_eq!(oci(&p).unwrap().1, REASON_DIGESTS_PENDING);
-    let p = plan(&vm(Some(serving(true))), &oci_cfg, now());
+    let p = decide(&vm(Some(serving(true))), &oci_cfg, now());
     assert_eq!(
         oci(&p),
         Some(("True".into(), REASON_DIGESTS_COMPUTED.into(), String::new()))
     );
-    let p = plan(&vm(Some(serving(false))), &oci_cfg, now());
+    let p = decide(&vm(Some(serving(false))), &oci_cfg, now());
     let (status, reason, msg) = oci(&p).unwrap();
     assert_eq!(
         (status.as_str(), reason.as_str()),
@@ -1062,11 +1062,11 @@ fn oci_ready_follows_the_export_server_with_the_flag() {
     // without the flag: none, and a condition another writer left is removed
     let mut o = vm(Some(serving(true)));
     o.export.status = Some(p.status.clone());
-    let p = plan(&o, &cfg(), now());
+    let p = decide(&o, &cfg(), now());
     assert!(!p.oci);
     assert_eq!(oci(&p), None);
     // a PVC export has no oci format
-    let p = plan(&observed(available()), &oci_cfg, now());
+    let p = decide(&observed(available()), &oci_cfg, now());
     assert!(!p.oci);
     assert_eq!(oci(&p), None);
 }

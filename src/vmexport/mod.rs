@@ -21,8 +21,6 @@ pub mod sources;
 pub mod status;
 pub mod types;
 
-use std::time::Duration;
-
 use clap::{Args, FromArgMatches};
 use k8s_openapi::{
     api::rbac::v1::PolicyRule,
@@ -58,130 +56,6 @@ pub fn deprecation_warning(version: &str) -> String {
     format!(
         "export.kubevirt.io/{version} VirtualMachineExport is now deprecated and will be removed in v2."
     )
-}
-
-// The manager's settings for this feature (docs/vmexport.md, "Settings").
-#[derive(Args, Debug, Clone)]
-// clap names the group after the struct; every feature's struct is `Settings`.
-#[group(id = "vmexport-settings")]
-pub struct Settings {
-    /// Image that contains `ucm` on PATH, run by every export pod.
-    #[arg(long = "export-server-image", default_value = concat!("ucm:", env!("CARGO_PKG_VERSION")), value_name = "IMAGE")]
-    pub image: String,
-
-    /// Pull policy of the export container.
-    #[arg(long = "export-image-pull-policy", default_value = "IfNotPresent", value_parser = ["Always", "IfNotPresent", "Never"], value_name = "POLICY")]
-    pub pull_policy: String,
-
-    /// host[:port] of the external proxy; without it, status.links.external stays null.
-    #[arg(long = "export-external-host", value_name = "HOST")]
-    pub external_host: Option<String>,
-
-    /// PEM file whose contents go into links.external.cert.
-    #[arg(long = "export-external-ca-file", value_name = "PATH")]
-    pub external_ca_file: Option<std::path::PathBuf>,
-
-    /// The CA Secret, in the manager's namespace.
-    #[arg(
-        long = "export-ca-secret",
-        default_value = "ucm-export-ca",
-        value_name = "NAME"
-    )]
-    pub ca_secret: String,
-
-    /// Validity of serving certificates.
-    #[arg(long = "export-cert-duration", default_value = "24h", value_parser = crate::godur::parse, value_name = "DURATION")]
-    pub cert_duration: Duration,
-
-    /// Renewal margin of serving certificates. Default: 20% of --export-cert-duration.
-    #[arg(long = "export-cert-renew-before", value_parser = crate::godur::parse, value_name = "DURATION")]
-    pub cert_renew_before: Option<Duration>,
-
-    /// After an export's TTL, how long its deletion waits for downloads in flight to finish
-    /// (the export server takes no new request after the TTL and exits when the last one ends).
-    #[arg(long = "export-ttl-transfer-wait", default_value = "24h", value_parser = crate::godur::parse, value_name = "DURATION")]
-    pub ttl_transfer_wait: Duration,
-
-    /// Serve the `oci` format (KubeVirt 1.9's `OCIExport` gate, off there too): VM, snapshot and
-    /// template exports get an `oci` manifest link to `/export.oci.tar` and the `OCIReady`
-    /// condition; the export server computes the layers' digests before it reports ready.
-    #[arg(long = "export-oci", value_parser = crate::runtime::cli::parse_go_bool, default_missing_value = "true", num_args = 0..=1, require_equals = true, action = clap::ArgAction::Set, default_value = "false", value_name = "BOOL")]
-    pub oci: bool,
-
-    /// CPU request of the export container.
-    #[arg(
-        long = "export-server-cpu-request",
-        default_value = "100m",
-        value_name = "QUANTITY"
-    )]
-    pub cpu_request: String,
-
-    /// Memory request of the export container.
-    #[arg(
-        long = "export-server-memory-request",
-        default_value = "200Mi",
-        value_name = "QUANTITY"
-    )]
-    pub memory_request: String,
-
-    /// CPU limit of the export container; raise it for faster gzip.
-    #[arg(
-        long = "export-server-cpu-limit",
-        default_value = "1",
-        value_name = "QUANTITY"
-    )]
-    pub cpu_limit: String,
-
-    /// Memory limit of the export container.
-    #[arg(
-        long = "export-server-memory-limit",
-        default_value = "1024Mi",
-        value_name = "QUANTITY"
-    )]
-    pub memory_limit: String,
-
-    /// Minimum TLS version of the export server, as a numeric TLS version ID (771 = TLS 1.2, 772 = TLS 1.3).
-    #[arg(long = "export-tls-min-version", value_name = "ID")]
-    pub tls_min_version: Option<u16>,
-
-    /// TLS 1.2 cipher suites of the export server, as a JSON array of suite IDs.
-    #[arg(long = "export-tls-cipher-suites", value_name = "JSON")]
-    pub tls_cipher_suites: Option<String>,
-}
-
-impl Settings {
-    /// The export pod's settings, or why a present value is invalid.
-    pub fn pod_settings(&self) -> Result<objects::pod::PodSettings, String> {
-        if self.cert_duration.is_zero() {
-            return Err(
-                "invalid value for '--export-cert-duration': must be greater than 0".into(),
-            );
-        }
-        let renew = self.cert_renew_before.unwrap_or(self.cert_duration / 5);
-        if renew >= self.cert_duration {
-            return Err("invalid value for '--export-cert-renew-before': must be less than --export-cert-duration".into());
-        }
-        if let Some(s) = &self.tls_cipher_suites
-            && serde_json::from_str::<Vec<u16>>(s).is_err()
-        {
-            return Err(format!(
-                "invalid value for '--export-tls-cipher-suites': {s:?} is not a JSON array of suite IDs"
-            ));
-        }
-        Ok(objects::pod::PodSettings {
-            image: self.image.clone(),
-            pull_policy: self.pull_policy.clone(),
-            cpu_request: self.cpu_request.clone(),
-            memory_request: self.memory_request.clone(),
-            cpu_limit: self.cpu_limit.clone(),
-            memory_limit: self.memory_limit.clone(),
-            tls_min_version: self.tls_min_version.map(|v| v.to_string()),
-            tls_cipher_suites: self.tls_cipher_suites.clone(),
-            cert_duration: self.cert_duration,
-            cert_renew_before: renew,
-            ttl_transfer_wait: self.ttl_transfer_wait,
-        })
-    }
 }
 
 pub fn rbac() -> Vec<PolicyRule> {
@@ -264,7 +138,7 @@ fn start(
     matches: clap::ArgMatches,
 ) -> futures::future::BoxFuture<'static, Result<(), String>> {
     Box::pin(async move {
-        let s = Settings::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+        let s = context::Args::from_arg_matches(&matches).map_err(|e| e.to_string())?;
         let pod = s.pod_settings()?;
         let external_ca = match &s.external_ca_file {
             Some(p) => std::fs::read_to_string(p).map_err(|e| {
@@ -275,7 +149,7 @@ fn start(
             })?,
             None => String::new(),
         };
-        let cfg = context::Config {
+        let cfg = context::Settings {
             pod,
             ca_secret: s.ca_secret.clone(),
             manager_namespace: rt.config.manager_namespace.clone(),
@@ -294,7 +168,7 @@ pub static FEATURE: Feature = Feature {
     crds,
     rbac,
     namespaced_rbac,
-    settings: <Settings as Args>::augment_args,
+    settings: <context::Args as Args>::augment_args,
     start,
     agents: &[server::args::AGENT, proxy::AGENT],
 };

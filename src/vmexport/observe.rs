@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
 use super::api::*;
-use super::context::{Context, Created};
+use super::context::Context;
 use super::decide::Observed;
 use super::naming;
 use super::sources::kind::{SourceKind, classify_source, unsupported_source_message};
@@ -48,13 +48,9 @@ pub(super) fn observe(ctx: &Context, export: &VirtualMachineExport) -> Observed 
         SourceKind::VirtualMachineSnapshot => resolve_snapshot(st, export),
         SourceKind::VirtualMachineTemplate => (resolve_template(st, export), None),
     };
-    let meta = |c: Created| match c {
-        Created::Meta(m) => Some(*m),
-        Created::Pod(_) => None,
-    };
     let secret = |n: String| {
         let cached = st.secret(&ns, &n);
-        ctx.recent.overlay("Secret", &ns, &n, cached, meta)
+        ctx.recent.secrets.overlay(&ns, &n, cached)
     };
     let svc = naming::service_name(&name);
     let pod = naming::pod_name(&name);
@@ -65,14 +61,10 @@ pub(super) fn observe(ctx: &Context, export: &VirtualMachineExport) -> Observed 
         snapshot_vm,
         service: ctx
             .recent
-            .overlay("Service", &ns, &svc, st.service(&ns, &svc), meta),
+            .services
+            .overlay(&ns, &svc, st.service(&ns, &svc)),
         token: secret(naming::token_secret_name(&name)),
         cert: secret(naming::cert_secret_name(&name)),
-        pod: ctx
-            .recent
-            .overlay("Pod", &ns, &pod, st.pod(&ns, &pod), |c| match c {
-                Created::Pod(p) => Some(*p),
-                Created::Meta(_) => None,
-            }),
+        pod: ctx.recent.pods.overlay(&ns, &pod, st.pod(&ns, &pod)),
     }
 }

@@ -18,8 +18,8 @@ use prometheus::IntCounter;
 
 use super::api::*;
 use super::apply::{apply, create_restore_pvcs};
-use super::context::{Config, Context, Error, Stores};
-use super::decide::plan;
+use super::context::{Context, Error, Settings, Stores};
+use super::decide::decide;
 use super::observe::{observe, store_ready};
 use super::optional::{self, Kind, Optional};
 use super::podcache::{SlimPod, claim_index, unwrap_event};
@@ -56,11 +56,11 @@ pub async fn reconcile(
     }
     let now = jiff::Timestamp::now();
     let mut observed = observe(&ctx, &export);
-    let mut plan = plan(&observed, &ctx.cfg, now);
+    let mut plan = decide(&observed, &ctx.settings, now);
     // Restore PVCs of a snapshot source come first: the source is what they make.
     if let Err(msg) = create_restore_pvcs(&ctx, &export, &plan.restore_pvcs).await {
         observed.source = restore_failed(msg);
-        plan = super::decide::plan(&observed, &ctx.cfg, now);
+        plan = super::decide::decide(&observed, &ctx.settings, now);
     }
     apply(&ctx, &export, &observed, &plan).await
 }
@@ -169,7 +169,7 @@ fn owner_export(meta: &kube::api::ObjectMeta) -> Option<ObjectRef<Guarded<Virtua
 }
 
 /// Runs the reconciler until shutdown.
-pub async fn run(rt: Runtime, cfg: Config) {
+pub async fn run(rt: Runtime, cfg: Settings) {
     let ttl_deletions = IntCounter::new(
         "ucm_vmexport_ttl_deletions_total",
         "VirtualMachineExports deleted at TTL expiry",

@@ -39,7 +39,7 @@ pub(super) async fn links(
     ))
 }
 
-pub(super) async fn write_status(
+pub(super) async fn write(
     ctx: &Context,
     export: &VirtualMachineExport,
     status: &VirtualMachineExportStatus,

@@ -4,19 +4,23 @@
 use std::sync::Arc;
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PartialObjectMeta;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use crate::exporter::apply::credential::{Outcome, credential_step};
+use crate::exporter::apply::credential::{Outcome, credential_owners, credential_step};
 use crate::exporter::apply::{emit, gone_is_done, requeue};
 use crate::exporter::context::{Context, Error};
 use crate::exporter::crd::Client;
 use crate::exporter::decide::client as client_status;
-use crate::exporter::own_writes::STALE_RECHECK;
+use crate::runtime::controller::Guarded;
+use crate::runtime::own_writes::STALE_RECHECK;
 use crate::runtime::writer::status_merge_patch;
 
 /// The Client pass (docs/exporter.md, "The Client pass").
-pub async fn reconcile_client(client: Arc<Client>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(client: Arc<Client>, ctx: Arc<Context>) -> Result<Action, Error> {
     gone_is_done(client_pass(client, ctx).await)
 }
 
@@ -54,7 +58,7 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Context>) -> Result<Action, E
             return Ok(Action::await_change());
         }
     };
-    let desired = client_status::desired_status(
+    let desired = client_status::decide(
         &client,
         &claims,
         &ctx.settings.status.endpoint,
@@ -84,4 +88,10 @@ async fn client_pass(client: Arc<Client>, ctx: Arc<Context>) -> Result<Action, E
         &name,
         desired.requeue_after,
     ))
+}
+
+/// The Client whose credential Secret changed (the watch mapper of the Client controller's
+/// Secret trigger).
+pub fn of_credential_secret(s: PartialObjectMeta<Secret>) -> Vec<ObjectRef<Guarded<Client>>> {
+    credential_owners::<Client>(&s.metadata, "Client", "-client")
 }

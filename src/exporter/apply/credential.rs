@@ -10,13 +10,13 @@ use jiff::Timestamp;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
-use kube::api::{ObjectMeta, Patch};
+use kube::api::{ObjectMeta, PartialObjectMeta, Patch};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::conditions;
-use crate::exporter::apply::{controller_ref, emit};
+use crate::exporter::apply::emit;
 use crate::exporter::auth::token::{self, Claims, MintReason, TokenAction, TokenPolicy};
 use crate::exporter::context::{Context, Error};
 use crate::exporter::crd::{Client, Exporter};
@@ -24,7 +24,8 @@ use crate::exporter::decide::credential::{
     REASON_SECRET_CONFLICT, credential_name_too_long, secret_conflict,
 };
 use crate::exporter::decide::events::{EventSpec, mint_note};
-use crate::runtime::meta::controlled_by;
+use crate::runtime::controller::Guarded;
+use crate::runtime::meta::{controlled_by, controller_ref};
 
 /// An Exporter or a Client: the kinds that hold a credential Secret `<name><SUFFIX>`.
 pub trait Holder: Resource<DynamicType = ()> {
@@ -333,43 +334,55 @@ async fn credential_pass(
                 token::mint_for(&ctx.key, subject, Some(&holder), now, policy.lifetime);
             let token = Ok(claims.for_judging());
             let data = BTreeMap::from([("token".to_string(), ByteString(jwt.into_bytes()))]);
-            let written = match existing {
-                None => {
-                    let secret = Secret {
-                        metadata: ObjectMeta {
-                            name: Some(secret_name.to_string()),
-                            namespace: Some(namespace.to_string()),
-                            owner_references: Some(vec![owner.clone()]),
-                            ..Default::default()
-                        },
-                        type_: Some("Opaque".into()),
-                        data: Some(data),
-                        ..Default::default()
-                    };
-                    ctx.writer.create(&api, &secret).await?
-                }
-                Some(secret) => {
-                    let mut refs = secret.meta.owner_references.clone().unwrap_or_default();
-                    if !controlled_by(&secret.meta, &owner.uid) {
-                        refs.retain(|r| r.controller != Some(true));
-                        refs.push(owner.clone());
-                    }
-                    // `data` is replaced entirely (merge patch would keep stray keys).
-                    let patch: json_patch::Patch = serde_json::from_value(json!([
-                        {"op": "test", "path": "/metadata/resourceVersion", "value": secret.meta.resource_version},
-                        {"op": "add", "path": "/data", "value": data},
-                        {"op": "add", "path": "/metadata/ownerReferences", "value": refs},
-                    ]))
-                    .expect("valid JSON patch");
-                    ctx.writer
-                        .patch(&api, secret_name, &Patch::<()>::Json(patch))
-                        .await?
-                }
-            };
+            let written =
+                write_token(ctx, &api, namespace, secret_name, owner, existing, data).await?;
             remember(&written.metadata, token);
             Ok(Credential::Held(claims, Some(reason)))
         }
     }
+}
+
+/// Writes a minted token: a new Secret owned by `owner`, or the existing one's `data` replaced
+/// entirely (a merge patch would keep stray keys) and `owner` made its controller, fenced by
+/// the version read.
+async fn write_token(
+    ctx: &Context,
+    api: &Api<Secret>,
+    namespace: &str,
+    secret_name: &str,
+    owner: &OwnerReference,
+    existing: Option<Stored>,
+    data: BTreeMap<String, ByteString>,
+) -> Result<Secret, Error> {
+    let Some(secret) = existing else {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(secret_name.to_string()),
+                namespace: Some(namespace.to_string()),
+                owner_references: Some(vec![owner.clone()]),
+                ..Default::default()
+            },
+            type_: Some("Opaque".into()),
+            data: Some(data),
+            ..Default::default()
+        };
+        return Ok(ctx.writer.create(api, &secret).await?);
+    };
+    let mut refs = secret.meta.owner_references.clone().unwrap_or_default();
+    if !controlled_by(&secret.meta, &owner.uid) {
+        refs.retain(|r| r.controller != Some(true));
+        refs.push(owner.clone());
+    }
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": secret.meta.resource_version},
+        {"op": "add", "path": "/data", "value": data},
+        {"op": "add", "path": "/metadata/ownerReferences", "value": refs},
+    ]))
+    .expect("valid JSON patch");
+    Ok(ctx
+        .writer
+        .patch(api, secret_name, &Patch::<()>::Json(patch))
+        .await?)
 }
 
 /// Warning `SecretConflict` naming the Secret, once: when the status did not say so yet.
@@ -410,6 +423,55 @@ async fn credential_event<K: Resource<DynamicType = ()>>(
         };
         emit(ctx, obj, &[event]).await;
     }
+}
+
+/// What the credential passes read of a cached Secret: its name, version, owners and deletion.
+/// The cache holds every Secret of the watched namespaces, so the rest (labels, annotations: a
+/// client-side apply's annotation repeats the whole Secret, data included) is dropped.
+pub fn slim_secret(s: &mut PartialObjectMeta<Secret>) {
+    s.types = None;
+    let m = std::mem::take(&mut s.metadata);
+    s.metadata = ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        resource_version: m.resource_version,
+        owner_references: m.owner_references,
+        deletion_timestamp: m.deletion_timestamp,
+        ..Default::default()
+    };
+}
+
+/// The objects whose credential Secret this is: its controller owner of `kind`, and the object
+/// its name points to (`<name><suffix>`), so that a Secret that lost its ownerRef, or was
+/// deleted, still triggers its owner's pass (which restores or recreates it).
+pub fn credential_owners<K>(
+    meta: &ObjectMeta,
+    kind: &str,
+    suffix: &str,
+) -> Vec<ObjectRef<Guarded<K>>>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let ns = meta.namespace.clone().unwrap_or_default();
+    let mut names: Vec<&str> = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.controller == Some(true) && r.kind == kind)
+        .map(|r| r.name.as_str())
+        .collect();
+    names.extend(
+        meta.name
+            .as_deref()
+            .and_then(|n| n.strip_suffix(suffix))
+            .filter(|n| !n.is_empty()),
+    );
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|n| ObjectRef::<Guarded<K>>::new(n).within(&ns))
+        .collect()
 }
 
 #[cfg(test)]
@@ -460,5 +522,48 @@ mod tests {
         assert!(
             credential_token(&secret("Exporter", "jumpstarter.dev/v1alpha1", true, None)).is_none()
         );
+    }
+
+    #[test]
+    fn credential_secrets_map_to_their_owner_by_ref_and_by_name() {
+        let meta = |name: &str, owners: Vec<(&str, &str, bool)>| ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("lab".into()),
+            owner_references: Some(
+                owners
+                    .into_iter()
+                    .map(|(kind, name, controller)| OwnerReference {
+                        kind: kind.into(),
+                        name: name.into(),
+                        controller: Some(controller),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        let names = |m: &ObjectMeta, kind: &str, suffix: &str| {
+            credential_owners::<Exporter>(m, kind, suffix)
+                .into_iter()
+                .map(|r| (r.name, r.namespace.unwrap()))
+                .collect::<Vec<_>>()
+        };
+        let lab = |n: &str| (n.to_string(), "lab".to_string());
+        // Owned and named: one pass, not two.
+        let m = meta("e1-exporter", vec![("Exporter", "e1", true)]);
+        assert_eq!(names(&m, "Exporter", "-exporter"), vec![lab("e1")]);
+        // The ownerRef was removed: the name still leads to the owner.
+        let m = meta("e1-exporter", vec![]);
+        assert_eq!(names(&m, "Exporter", "-exporter"), vec![lab("e1")]);
+        // Other kinds and non-controller refs are ignored; other Secrets map to nothing.
+        let m = meta(
+            "db-password",
+            vec![("Deployment", "db", true), ("Exporter", "x", false)],
+        );
+        assert!(names(&m, "Exporter", "-exporter").is_empty());
+        let m = meta("-client", vec![]);
+        assert!(names(&m, "Client", "-client").is_empty());
+        let m = meta("c1-client", vec![("Client", "c1", true)]);
+        assert_eq!(names(&m, "Client", "-client"), vec![lab("c1")]);
     }
 }

@@ -5,25 +5,26 @@
 use std::sync::Arc;
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PartialObjectMeta;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::warn;
 
 use crate::conditions;
-use crate::exporter::apply::credential::{Outcome, credential_step};
+use crate::exporter::apply::credential::{Outcome, credential_owners, credential_step};
 use crate::exporter::apply::{emit, gone_is_done, requeue};
 use crate::exporter::context::{Caches, Context, Error};
 use crate::exporter::crd::{Exporter, Lease};
 use crate::exporter::decide::exporter::{self as exporter_status, HeldLease};
-use crate::exporter::lease::assign;
-use crate::exporter::own_writes::STALE_RECHECK;
+use crate::exporter::decide::lease::expiry;
+use crate::runtime::controller::Guarded;
+use crate::runtime::own_writes::STALE_RECHECK;
 use crate::runtime::writer::status_merge_patch;
 
 /// The Exporter pass (docs/exporter.md, "The Exporter pass").
-pub async fn reconcile_exporter(
-    exporter: Arc<Exporter>,
-    ctx: Arc<Context>,
-) -> Result<Action, Error> {
+pub async fn reconcile(exporter: Arc<Exporter>, ctx: Arc<Context>) -> Result<Action, Error> {
     gone_is_done(exporter_pass(exporter, ctx).await)
 }
 
@@ -46,24 +47,8 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Context>) -> Result<Act
             Outcome::Refused(problem) => (None, Some(problem)),
         };
 
-    // The cache is enough here: a Lease change that alters the held lease triggers a pass
-    // after the cache has it.
-    let leases: Vec<Lease> = Caches::in_namespace(&ctx.caches.leases, &ns)
-        .iter()
-        .filter_map(|g| g.0.as_ref().ok())
-        .filter(|l| l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some(name.as_str()))
-        .cloned()
-        .collect();
-    let (held, several) = assign::held_lease(&name, &leases);
-    if several {
-        warn!(exporter = %name, "several active leases name this exporter; using the earliest");
-    }
-    let held = held.map(|l| HeldLease {
-        name: l.name_any(),
-        uid: l.uid(),
-        client_name: l.spec.client_ref.name.clone(),
-    });
-    let mut desired = exporter_status::desired_status(
+    let held = held_lease(&ctx, &ns, &name);
+    let mut desired = exporter_status::decide(
         &exporter,
         claims.as_ref(),
         held.as_ref(),
@@ -112,4 +97,58 @@ async fn exporter_pass(exporter: Arc<Exporter>, ctx: Arc<Context>) -> Result<Act
         &name,
         desired.requeue_after,
     ))
+}
+
+/// The lease the exporter holds, from the Lease cache. The cache is enough here: a Lease change
+/// that alters the held lease triggers a pass after the cache has it.
+fn held_lease(ctx: &Context, ns: &str, name: &str) -> Option<HeldLease> {
+    let leases: Vec<Lease> = Caches::in_namespace(&ctx.caches.leases, ns)
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok())
+        .filter(|l| l.status.as_ref().and_then(|s| s.exporter_ref_name()) == Some(name))
+        .cloned()
+        .collect();
+    let (held, several) = expiry::held_lease(name, &leases);
+    if several {
+        warn!(exporter = %name, "several active leases name this exporter; using the earliest");
+    }
+    held.map(|l| HeldLease {
+        name: l.name_any(),
+        uid: l.uid(),
+        client_name: l.spec.client_ref.name.clone(),
+    })
+}
+
+/// The Exporters a Lease change concerns (the watch mapper of the Exporter controller's Lease
+/// trigger): the one its status names and its controller owner (a lease that ends leaves the
+/// label-selected watch as a deletion).
+pub fn of_lease(lease: Guarded<Lease>) -> Vec<ObjectRef<Guarded<Exporter>>> {
+    // An unreadable Lease names no exporter anyone can trust.
+    let Ok(lease) = lease.0 else {
+        return Vec::new();
+    };
+    let ns = lease.metadata.namespace.clone().unwrap_or_default();
+    let by_status = lease
+        .status
+        .as_ref()
+        .and_then(|s| s.exporter_ref_name())
+        .map(str::to_string);
+    let by_owner = lease
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.controller == Some(true) && r.kind == "Exporter")
+        .map(|r| r.name.clone())
+        .collect::<Vec<_>>();
+    by_status
+        .into_iter()
+        .chain(by_owner)
+        .map(move |name| ObjectRef::<Guarded<Exporter>>::new(&name).within(&ns))
+        .collect()
+}
+
+/// The Exporter whose credential Secret changed.
+pub fn of_credential_secret(s: PartialObjectMeta<Secret>) -> Vec<ObjectRef<Guarded<Exporter>>> {
+    credential_owners::<Exporter>(&s.metadata, "Exporter", "-exporter")
 }

@@ -1,6 +1,6 @@
 //! The IO of the Exporter, Client and Lease passes (docs/exporter.md, "The Exporter pass",
 //! "The Client pass", "The Lease pass", "Status writes"), one file per kind: read, call the
-//! pure decisions (`crate::exporter::decide`, `crate::exporter::lease::assign`), write only what
+//! pure decisions (`crate::exporter::decide`, `crate::exporter::decide::lease::assign`), write only what
 //! changed (a resourceVersion-fenced JSON merge patch of status), then emit events. The
 //! credential Secret the Exporter and Client passes share is in [`credential`]. Here: what the
 //! passes share.
@@ -10,7 +10,6 @@ pub mod credential;
 pub mod exporter;
 pub mod lease;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -18,14 +17,6 @@ use kube::runtime::events::EventType;
 use crate::exporter::context::{Context, Error};
 use crate::exporter::decide::events::EventSpec;
 use crate::runtime::timers::Timers;
-
-/// A controller owner reference to `obj` that blocks its deletion until the garbage collector
-/// removed the dependant, as controller-runtime's `SetControllerReference` writes it.
-pub(crate) fn controller_ref<K: Resource<DynamicType = ()>>(obj: &K) -> Option<OwnerReference> {
-    let mut owner = obj.controller_owner_ref(&())?;
-    owner.block_owner_deletion = Some(true);
-    Some(owner)
-}
 
 /// Publishes the events of one pass in order, off the pass's critical path: an event is a
 /// courtesy, so the status write it accompanies need not wait for it.

@@ -11,10 +11,11 @@ use p256::ecdsa::{Signature, VerifyingKey};
 use p256::pkcs8::{DecodePrivateKey, EncodePrivateKey, LineEnding};
 use serde::{Deserialize, Serialize};
 
-pub const ISSUER: &str = "https://localhost:8085";
+pub const ISSUER: &str = crate::exporter::config::jwt::INTERNAL_ISSUER;
 pub const AUDIENCE: &str = "jumpstarter";
 pub const KEY_ID: &str = "default";
-pub const DEFAULT_PREFIX: &str = "internal:";
+/// Where the configuration defines it; named here too, beside the tokens it prefixes.
+pub use crate::exporter::config::DEFAULT_PREFIX;
 
 /// Annotations that replace the namespace and uid in a token subject (objects migrated from
 /// another cluster keep their tokens valid).

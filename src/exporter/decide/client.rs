@@ -12,19 +12,19 @@ use crate::exporter::decide::events::EventSpec;
 use crate::exporter::decide::time::{next_delay, rfc3339};
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct DesiredClientStatus {
+pub struct Decision {
     pub status: ClientStatus,
     pub requeue_after: Option<std::time::Duration>,
 }
 
 /// `token` is the claims of the token in `<name>-client` after any mint in this pass.
-pub fn desired_status(
+pub fn decide(
     client: &Client,
     token: &Claims,
     endpoint: &str,
     max_requeue: SignedDuration,
     now: Timestamp,
-) -> DesiredClientStatus {
+) -> Decision {
     let name = client.metadata.name.clone().unwrap_or_default();
     let mut status = client.status.clone().unwrap_or_default();
     status.credential = Some(LocalObjectReference::new(format!("{name}-client")));
@@ -40,7 +40,7 @@ pub fn desired_status(
     status.conditions = Some(conds);
     // OURS: wake at the next TokenExpiring threshold instead of every 24 h.
     let requeue_after = next_delay(&expiry_thresholds(token.expires_at()), now, max_requeue);
-    DesiredClientStatus {
+    Decision {
         status,
         requeue_after,
     }
@@ -137,7 +137,7 @@ mod tests {
 
     #[test]
     fn status_fields_and_next_threshold() {
-        let d = desired_status(
+        let d = decide(
             &client(None),
             &claims(NOW + 100 * DAY + 60),
             "ctrl:8082",
@@ -162,7 +162,7 @@ mod tests {
             Some(std::time::Duration::from_secs((70 * DAY + 60) as u64))
         );
         // Capped by the max requeue.
-        let capped = desired_status(
+        let capped = decide(
             &client(None),
             &claims(NOW + 100 * DAY),
             "e",
@@ -174,7 +174,7 @@ mod tests {
             Some(std::time::Duration::from_secs(DAY as u64))
         );
         // Past every threshold: watch-driven only.
-        let expired = desired_status(
+        let expired = decide(
             &client(None),
             &claims(NOW - 1),
             "e",
@@ -187,14 +187,14 @@ mod tests {
     #[test]
     fn second_pass_is_unchanged() {
         let token = claims(NOW + 100 * DAY + 3600);
-        let first = desired_status(
+        let first = decide(
             &client(None),
             &token,
             "e",
             SignedDuration::from_hours(24),
             ts(NOW),
         );
-        let second = desired_status(
+        let second = decide(
             &client(Some(first.status.clone())),
             &token,
             "e",
@@ -206,7 +206,7 @@ mod tests {
 
     #[test]
     fn events_follow_upstream_texts() {
-        let soon = desired_status(
+        let soon = decide(
             &client(None),
             &claims(NOW + 10 * DAY),
             "e",

@@ -55,7 +55,7 @@ pub struct HeldLease {
 
 /// The result of one Exporter pass.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DesiredStatus {
+pub struct Decision {
     pub status: ExporterStatus,
     /// When the next pass is due (None: watch-driven only).
     pub requeue_after: Option<std::time::Duration>,
@@ -65,14 +65,14 @@ pub struct DesiredStatus {
 
 /// Builds the desired status from the observed Exporter plus derived inputs.
 /// `token` is the claims of the token in the Secret after any re-mint in the same pass.
-pub fn desired_status(
+pub fn decide(
     exporter: &Exporter,
     token: Option<&Claims>,
     held: Option<&HeldLease>,
     settings: &StatusSettings,
     policy: &TokenPolicy,
     now: Timestamp,
-) -> DesiredStatus {
+) -> Decision {
     let name = exporter.metadata.name.clone().unwrap_or_default();
     let generation = exporter.metadata.generation;
     let mut status = exporter.status.clone().unwrap_or_default();
@@ -121,7 +121,7 @@ pub fn desired_status(
     status.conditions = Some(conditions);
 
     let requeue_after = next_wakeup(&status, token, settings, policy, now);
-    DesiredStatus {
+    Decision {
         status,
         requeue_after,
         replaced_owing_record,
@@ -382,8 +382,8 @@ mod tests {
         conditions::find(s.conditions.as_deref().unwrap(), t).unwrap()
     }
 
-    fn run(status: ExporterStatus, settings: &StatusSettings) -> DesiredStatus {
-        desired_status(
+    fn run(status: ExporterStatus, settings: &StatusSettings) -> Decision {
+        decide(
             &exporter(Some(status)),
             Some(&claims(NOW + 200 * DAY)),
             None,
@@ -651,7 +651,7 @@ mod tests {
         let settings = StatusSettings::default();
         // exp in 40 days: next instant is exp − 30 d = renewal instant (10 days away), capped 24 h.
         let c = claims(NOW + 40 * DAY);
-        let d = desired_status(&exporter(None), Some(&c), None, &settings, &policy, ts(NOW));
+        let d = decide(&exporter(None), Some(&c), None, &settings, &policy, ts(NOW));
         assert_eq!(
             d.requeue_after,
             Some(std::time::Duration::from_secs(DAY as u64))
@@ -661,14 +661,14 @@ mod tests {
             max_requeue: SignedDuration::from_hours(24 * 365),
             ..Default::default()
         };
-        let d = desired_status(&exporter(None), Some(&c), None, &wide, &policy, ts(NOW));
+        let d = decide(&exporter(None), Some(&c), None, &wide, &policy, ts(NOW));
         assert_eq!(
             d.requeue_after,
             Some(std::time::Duration::from_secs(10 * DAY as u64))
         );
         // Without renewal and with exp in 5 days, the next instant is exp itself.
         let c = claims(NOW + 5 * DAY);
-        let d = desired_status(
+        let d = decide(
             &exporter(None),
             Some(&c),
             None,
@@ -695,7 +695,7 @@ mod tests {
             records_lease_hooks: Some(true),
             ..Default::default()
         };
-        let d = desired_status(
+        let d = decide(
             &exporter(Some(status)),
             None,
             Some(&held),
@@ -720,7 +720,7 @@ mod tests {
             message: None,
             on_failure: None,
         });
-        let d2 = desired_status(
+        let d2 = decide(
             &exporter(Some(progressed.clone())),
             None,
             Some(&held),
@@ -735,7 +735,7 @@ mod tests {
             uid: Some("uid-2".into()),
             ..held.clone()
         };
-        let d3 = desired_status(
+        let d3 = decide(
             &exporter(Some(progressed)),
             None,
             Some(&reused),
@@ -749,7 +749,7 @@ mod tests {
         assert!(d3.replaced_owing_record);
 
         // Lease gone: leaseRef cleared, record kept ("Lease hooks: the record").
-        let d4 = desired_status(
+        let d4 = decide(
             &exporter(Some(d.status.clone())),
             None,
             None,
@@ -773,7 +773,7 @@ mod tests {
                 records_lease_hooks: records,
                 ..Default::default()
             };
-            let d = desired_status(
+            let d = decide(
                 &exporter(Some(status)),
                 None,
                 Some(&held),
@@ -824,7 +824,7 @@ mod tests {
         // The "N days remaining" text changes once a day (upstream wording), so both passes sit
         // within one day of the token's life.
         let token = claims(NOW + 200 * DAY + 3600);
-        let first = desired_status(
+        let first = decide(
             &exporter(Some(status)),
             Some(&token),
             None,
@@ -832,7 +832,7 @@ mod tests {
             &TokenPolicy::default(),
             ts(NOW),
         );
-        let second = desired_status(
+        let second = decide(
             &exporter(Some(first.status.clone())),
             Some(&token),
             None,
@@ -849,7 +849,7 @@ mod tests {
         let now = Timestamp::new(NOW, 250_000_000).unwrap();
         let minted = claims(NOW + 365 * DAY);
         let at = |t: Timestamp| {
-            desired_status(
+            decide(
                 &exporter(None),
                 Some(&minted),
                 None,
@@ -861,7 +861,7 @@ mod tests {
         let first = at(now);
         let message = &cond(&first.status, TOKEN_EXPIRING).message;
         assert!(message.ends_with("(364 days remaining)"), "{message}");
-        let second = desired_status(
+        let second = decide(
             &exporter(Some(first.status.clone())),
             Some(&minted),
             None,
@@ -934,7 +934,7 @@ mod tests {
         );
 
         // TokenExpiringSoon only when it becomes True.
-        let soon = desired_status(
+        let soon = decide(
             &exporter(Some(first.clone())),
             Some(&claims(NOW + 20 * DAY)),
             None,

@@ -175,11 +175,60 @@ pub fn apply_report(status: &mut ExporterStatus, report: &Report<'_>, now: &Time
     let before = record.before_lease.as_ref().map(|h| h.phase);
     let after = record.after_lease.as_ref().map(|h| h.phase);
     let msg = report.message.unwrap_or_default();
+    let (mut before_step, mut after_step) =
+        inferred(report.status, prev, before, after, record_is_current, msg);
+    use HookPhase as P;
+
+    // Explicit metadata overrides the inferred result for its hook.
+    for (hook, step) in [
+        (Hook::BeforeLease, &mut before_step),
+        (Hook::AfterLease, &mut after_step),
+    ] {
+        if let Some(phase) = report.metadata.phase(hook) {
+            let message = match phase {
+                P::Failed => Some(msg.to_string()),
+                P::Skipped if msg.is_empty() => Some(SKIPPED_BY_EXPORTER.into()),
+                P::Skipped => Some(msg.to_string()),
+                _ => None,
+            };
+            *step = Step::End(phase, message);
+        }
+    }
+
+    let mut changed = false;
+    for (hook, step) in [
+        (Hook::BeforeLease, before_step),
+        (Hook::AfterLease, after_step),
+    ] {
+        let slot = match hook {
+            Hook::BeforeLease => &mut record.before_lease,
+            Hook::AfterLease => &mut record.after_lease,
+        };
+        let old = slot.clone();
+        *slot = stepped(old.as_ref(), step, now);
+        if let (Some(action), Some(h)) = (report.metadata.on_failure(hook), slot.as_mut()) {
+            h.on_failure = Some(action);
+        }
+        changed |= *slot != old;
+    }
+    changed
+}
+
+/// What the reported `status` does to each hook's record (before, after), from their phases,
+/// the previous `exporterStatus` and whether the record is of the current lease.
+fn inferred(
+    status: ExporterStatusValue,
+    prev: Option<ExporterStatusValue>,
+    before: Option<HookPhase>,
+    after: Option<HookPhase>,
+    record_is_current: bool,
+    msg: &str,
+) -> (Step, Step) {
     use ExporterStatusValue as S;
     use HookPhase as P;
 
     let (mut before_step, mut after_step) = (Step::Keep, Step::Keep);
-    match report.status {
+    match status {
         S::BeforeLeaseHook => {
             before_step = match before {
                 None => Step::Run,
@@ -226,71 +275,45 @@ pub fn apply_report(status: &mut ExporterStatus, report: &Report<'_>, now: &Time
         }
         S::Offline | S::Unspecified => {}
     }
+    (before_step, after_step)
+}
 
-    // Explicit metadata overrides the inferred result for its hook.
-    for (hook, step) in [
-        (Hook::BeforeLease, &mut before_step),
-        (Hook::AfterLease, &mut after_step),
-    ] {
-        if let Some(phase) = report.metadata.phase(hook) {
-            let message = match phase {
-                P::Failed => Some(msg.to_string()),
-                P::Skipped if msg.is_empty() => Some(SKIPPED_BY_EXPORTER.into()),
-                P::Skipped => Some(msg.to_string()),
-                _ => None,
+/// A hook's state after `step`: a new attempt, or the end in a phase (its transition time kept
+/// when the phase does not change).
+fn stepped(old: Option<&HookState>, step: Step, now: &Time) -> Option<HookState> {
+    use HookPhase as P;
+    match step {
+        Step::Keep => old.cloned(),
+        Step::Run => {
+            let attempts = old.and_then(|h| h.attempts).unwrap_or(0) + 1;
+            Some(HookState {
+                attempts: Some(attempts),
+                last_transition_time: Some(now.clone()),
+                message: None,
+                on_failure: old.and_then(|h| h.on_failure),
+                phase: P::Running,
+            })
+        }
+        Step::End(phase, message) => {
+            let attempts = old.and_then(|h| h.attempts);
+            let attempts = match phase {
+                P::Failed | P::Succeeded => Some(attempts.unwrap_or(0).max(1)),
+                _ => attempts,
             };
-            *step = Step::End(phase, message);
+            let same_phase = old.is_some_and(|h| h.phase == phase);
+            Some(HookState {
+                attempts,
+                last_transition_time: if same_phase {
+                    old.and_then(|h| h.last_transition_time.clone())
+                } else {
+                    Some(now.clone())
+                },
+                message: message.map(|m| cap(&m)),
+                on_failure: old.and_then(|h| h.on_failure),
+                phase,
+            })
         }
     }
-
-    let mut changed = false;
-    for (hook, step) in [
-        (Hook::BeforeLease, before_step),
-        (Hook::AfterLease, after_step),
-    ] {
-        let slot = match hook {
-            Hook::BeforeLease => &mut record.before_lease,
-            Hook::AfterLease => &mut record.after_lease,
-        };
-        let old = slot.clone();
-        match step {
-            Step::Keep => {}
-            Step::Run => {
-                let attempts = old.as_ref().and_then(|h| h.attempts).unwrap_or(0) + 1;
-                *slot = Some(HookState {
-                    attempts: Some(attempts),
-                    last_transition_time: Some(now.clone()),
-                    message: None,
-                    on_failure: old.as_ref().and_then(|h| h.on_failure),
-                    phase: P::Running,
-                });
-            }
-            Step::End(phase, message) => {
-                let attempts = old.as_ref().and_then(|h| h.attempts);
-                let attempts = match phase {
-                    P::Failed | P::Succeeded => Some(attempts.unwrap_or(0).max(1)),
-                    _ => attempts,
-                };
-                let same_phase = old.as_ref().is_some_and(|h| h.phase == phase);
-                *slot = Some(HookState {
-                    attempts,
-                    last_transition_time: if same_phase {
-                        old.as_ref().and_then(|h| h.last_transition_time.clone())
-                    } else {
-                        Some(now.clone())
-                    },
-                    message: message.map(|m| cap(&m)),
-                    on_failure: old.as_ref().and_then(|h| h.on_failure),
-                    phase,
-                });
-            }
-        }
-        if let (Some(action), Some(h)) = (report.metadata.on_failure(hook), slot.as_mut()) {
-            h.on_failure = Some(action);
-        }
-        changed |= *slot != old;
-    }
-    changed
 }
 
 #[cfg(test)]

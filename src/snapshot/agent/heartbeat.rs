@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::snapshot::observe::{AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX};
+use crate::snapshot::round::{AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX};
 
 pub(super) async fn heartbeat(
     client: Client,

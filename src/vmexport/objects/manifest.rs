@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
-use super::owner_reference;
+use crate::runtime::meta::controller_ref;
 use crate::vmexport::api::*;
 use crate::vmexport::naming;
 use crate::vmexport::sources::kind::SourceKind;
@@ -202,7 +202,7 @@ fn configmap(
         metadata: ObjectMeta {
             name: Some(naming::manifest_configmap_name(&export.name_any())),
             namespace: export.namespace(),
-            owner_references: Some(vec![owner_reference(export)]),
+            owner_references: controller_ref(export).map(|o| vec![o]),
             ..Default::default()
         },
         data: Some(data),

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use super::owner_reference;
+use crate::runtime::meta::controller_ref;
 use crate::vmexport::api::*;
 use crate::vmexport::naming;
 use crate::vmexport::sources::pvc::{is_block, is_kubevirt_content};
@@ -341,7 +341,7 @@ pub fn build_pod(input: &PodInput<'_>, s: &PodSettings) -> Pod {
             namespace: export.namespace(),
             labels: Some(labels),
             annotations: Some(annotations),
-            owner_references: Some(vec![owner_reference(export)]),
+            owner_references: controller_ref(export).map(|o| vec![o]),
             ..Default::default()
         },
         spec: Some(PodSpec {

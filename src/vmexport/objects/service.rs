@@ -8,7 +8,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use super::{app_labels, owner_reference};
+use super::app_labels;
+use crate::runtime::meta::controller_ref;
 use crate::vmexport::api::*;
 use crate::vmexport::naming;
 use crate::vmexport::types::VirtualMachineExport;
@@ -23,7 +24,7 @@ pub fn build_service(export: &VirtualMachineExport) -> Service {
             namespace: export.namespace(),
             labels: Some(labels),
             annotations: (!export.annotations().is_empty()).then(|| export.annotations().clone()),
-            owner_references: Some(vec![owner_reference(export)]),
+            owner_references: controller_ref(export).map(|o| vec![o]),
             ..Default::default()
         },
         spec: Some(ServiceSpec {

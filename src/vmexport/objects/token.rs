@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
-use super::{app_labels, owner_reference};
+use super::app_labels;
+use crate::runtime::meta::controller_ref;
 use crate::vmexport::api::*;
 use crate::vmexport::types::VirtualMachineExport;
 
@@ -39,7 +40,7 @@ pub fn build_token_secret(
             name: Some(name.into()),
             namespace: export.namespace(),
             labels: Some(app_labels()),
-            owner_references: Some(vec![owner_reference(export)]),
+            owner_references: controller_ref(export).map(|o| vec![o]),
             ..Default::default()
         },
         type_: Some("Opaque".into()),

@@ -20,11 +20,11 @@ use kube::runtime::reflector::ObjectRef;
 use super::api::*;
 use super::context::Stores;
 use super::naming;
-use super::objects::owner_reference;
 use super::objects::pod::{ExportVolume, dedup_volumes};
 use super::objects::status::condition;
 use super::optional::Kind;
 use super::types::{Condition, VirtualMachineExport};
+use crate::runtime::meta::controller_ref;
 use kind::SourceKind;
 use pvc::*;
 
@@ -388,7 +388,7 @@ pub(super) fn restore_pvc(
             namespace: export.namespace(),
             labels: (!labels.is_empty()).then_some(labels),
             annotations: (!ann.is_empty()).then_some(ann),
-            owner_references: Some(vec![owner_reference(export)]),
+            owner_references: controller_ref(export).map(|o| vec![o]),
             ..Default::default()
         },
         spec: serde_json::from_value(spec).ok(),

@@ -756,44 +756,9 @@ async fn shipped_rules_and_panels_name_live_metrics() {
     }
 
     // The names the shipped rules and panels read.
-    let helm = Command::new(tool("helm"))
-        .args(["template", "ucm"])
-        .arg(repo_root().join("deploy/chart/ucm"))
-        .args([
-            "--set",
-            "metrics.prometheusRule.enabled=true",
-            "--show-only",
-            "templates/prometheusrule.yaml",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        helm.status.success(),
-        "{}",
-        String::from_utf8_lossy(&helm.stderr)
-    );
-    let chart_rules: Value = serde_saphyr::from_slice(&helm.stdout).unwrap();
-    let config_rules: Value = serde_saphyr::from_str(
-        &std::fs::read_to_string(repo_root().join("config/prometheus/rules.yaml")).unwrap(),
-    )
-    .unwrap();
-    let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(repo_root().join("deploy/chart/ucm/dashboards/ucm.json")).unwrap(),
-    )
-    .unwrap();
-    let mut exprs: Vec<(String, String)> = Vec::new();
-    for (what, rules) in [
-        ("chart", &chart_rules),
-        ("config/prometheus", &config_rules),
-    ] {
-        for g in rules["spec"]["groups"].as_array().unwrap() {
-            for r in g["rules"].as_array().unwrap() {
-                exprs.push((
-                    format!("{what} alert {}", r["alert"].as_str().unwrap_or("?")),
-                    r["expr"].as_str().unwrap().to_string(),
-                ));
-            }
-        }
+    let rules = shipped_rules();
+    let exprs = shipped_exprs(&rules);
+    for (what, rules) in &rules {
         // promtool reads the rule groups as a Prometheus rule file.
         let file = dir
             .path()
@@ -811,21 +776,6 @@ async fn shipped_rules_and_panels_name_live_metrics() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    fn panels(v: &Value, out: &mut Vec<(String, String)>) {
-        for p in v["panels"].as_array().into_iter().flatten() {
-            for t in p["targets"].as_array().into_iter().flatten() {
-                if let Some(e) = t["expr"].as_str() {
-                    out.push((
-                        format!("panel {:?}", p["title"].as_str().unwrap_or("?")),
-                        e.to_string(),
-                    ));
-                }
-            }
-            panels(p, out);
-        }
-    }
-    panels(&dashboard, &mut exprs);
-    assert!(exprs.len() > 20, "too few expressions found: {exprs:?}");
 
     let mut live = std::collections::BTreeSet::new();
     for (_, s) in &scrapes {
@@ -862,6 +812,146 @@ async fn shipped_rules_and_panels_name_live_metrics() {
             "promtool check metrics ({who}):\n{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The shipped alert rules: the chart's PrometheusRule (rendered by helm) and the kustomize
+/// tree's (config/prometheus/rules.yaml).
+fn shipped_rules() -> Vec<(&'static str, Value)> {
+    use std::process::Command;
+    let helm = Command::new(tool("helm"))
+        .args(["template", "ucm"])
+        .arg(repo_root().join("deploy/chart/ucm"))
+        .args([
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--show-only",
+            "templates/prometheusrule.yaml",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        helm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&helm.stderr)
+    );
+    let chart_rules: Value = serde_saphyr::from_slice(&helm.stdout).unwrap();
+    let config_rules: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(repo_root().join("config/prometheus/rules.yaml")).unwrap(),
+    )
+    .unwrap();
+    vec![("chart", chart_rules), ("config/prometheus", config_rules)]
+}
+
+/// Every PromQL expression of the shipped rules and dashboard, with where it stands.
+fn shipped_exprs(rules: &[(&str, Value)]) -> Vec<(String, String)> {
+    let mut exprs: Vec<(String, String)> = Vec::new();
+    for (what, rules) in rules {
+        for g in rules["spec"]["groups"].as_array().unwrap() {
+            for r in g["rules"].as_array().unwrap() {
+                exprs.push((
+                    format!("{what} alert {}", r["alert"].as_str().unwrap_or("?")),
+                    r["expr"].as_str().unwrap().to_string(),
+                ));
+            }
+        }
+    }
+    fn panels(v: &Value, out: &mut Vec<(String, String)>) {
+        for p in v["panels"].as_array().into_iter().flatten() {
+            for t in p["targets"].as_array().into_iter().flatten() {
+                if let Some(e) = t["expr"].as_str() {
+                    out.push((
+                        format!("panel {:?}", p["title"].as_str().unwrap_or("?")),
+                        e.to_string(),
+                    ));
+                }
+            }
+            panels(p, out);
+        }
+    }
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("deploy/chart/ucm/dashboards/ucm.json")).unwrap(),
+    )
+    .unwrap();
+    panels(&dashboard, &mut exprs);
+    assert!(exprs.len() > 20, "too few expressions found: {exprs:?}");
+    exprs
+}
+
+/// Metrics the shipped rules and panels name that the manager does not serve, and who does
+/// ([`shipped_rules_and_panels_name_live_metrics`] scrapes those).
+const SERVED_ELSEWHERE: &[(&str, &str)] = &[
+    ("up", "Prometheus, per scrape target"),
+    ("miroir_volume_suspended", "ucm snapshot-agent"),
+    (
+        "ucm_snapshot_barrier_held_seconds_bucket",
+        "ucm snapshot-agent",
+    ),
+    ("ucm_snapshot_cut_seconds_bucket", "ucm snapshot-agent"),
+    ("ucm_export_server_bytes_served_total", "ucm export-server"),
+];
+
+/// Every metric the shipped rules and panels name that a manager serves is in a fresh
+/// manager's first scrape, at 0 where nothing happened yet, so a panel reads 0, not "No data".
+/// Unlike [`shipped_rules_and_panels_name_live_metrics`], the manager watches the whole cluster
+/// (of its own control plane, so it touches no other test's objects), as a deployed one does:
+/// the lease-queue series of a namespace with an Exporter and no Lease yet must be there, not
+/// only those of `--watch-namespace`.
+#[tokio::test]
+#[ignore = "e2e: needs its own control plane and e2e/bin/helm (make cluster)"]
+async fn a_fresh_cluster_wide_manager_serves_every_metric_the_rules_and_panels_name() {
+    let names: std::collections::BTreeSet<String> = shipped_exprs(&shipped_rules())
+        .iter()
+        .flat_map(|(_, e)| promql_metrics(e))
+        .collect();
+    for (name, _) in SERVED_ELSEWHERE {
+        assert!(
+            names.contains(*name),
+            "{name} is no longer named by the rules or panels: drop it from SERVED_ELSEWHERE"
+        );
+    }
+    let own = tokio::task::spawn_blocking(Harness::start_own)
+        .await
+        .unwrap();
+    let client = client_for(&own.kubeconfig).await;
+    install_crds(&client).await;
+    let ns = create_namespace(&client, "first-scrape").await;
+    let lab = create_namespace(&client, "first-scrape-lab").await;
+    let exporter: ucm::exporter::crd::Exporter = serde_json::from_value(json!({
+        "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Exporter",
+        "metadata": {"name": "e1"}, "spec": {},
+    }))
+    .unwrap();
+    Api::<ucm::exporter::crd::Exporter>::namespaced(client.clone(), &lab)
+        .create(&PostParams::default(), &exporter)
+        .await
+        .unwrap();
+    let m = Manager::start(ManagerOpts {
+        watch_all: true,
+        ..ManagerOpts::new(&own.kubeconfig, &ns)
+    });
+    m.wait_ready().await;
+    let scrape = m.metrics().await;
+    let served = sampled(&scrape);
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !SERVED_ELSEWHERE.iter().any(|(s, _)| s == n))
+        .filter(|n| !served.contains(*n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in a fresh manager's first scrape: {missing:?}\n{scrape}"
+    );
+    for family in [
+        "ucm_exporter_lease_wait_seconds_count",
+        "ucm_exporter_lease_preemptions_total",
+        "ucm_exporter_lease_queue_length",
+    ] {
+        let want = format!("{family}{{namespace=\"{lab}\"}} 0");
+        assert!(
+            scrape.lines().any(|l| l == want),
+            "no `{want}` in the first scrape:\n{scrape}"
         );
     }
 }

@@ -12,11 +12,15 @@ use std::collections::BTreeMap;
 use jiff::SignedDuration;
 use serde::Deserialize;
 
-use crate::exporter::auth::oidc::{self, JwtAuthenticator, RawJwtAuthenticator};
-use crate::exporter::auth::token::DEFAULT_PREFIX;
 use crate::godur;
 
+pub mod jwt;
+
+use jwt::{JwtAuthenticator, RawJwtAuthenticator};
+
 pub const CONFIGMAP: &str = "jumpstarter-controller";
+/// The username prefix of internal identities (`authentication.internal.prefix`).
+pub const DEFAULT_PREFIX: &str = "internal:";
 /// Upstream's `defaultMaxTags`, used when `leasePolicy.maxTags` is unset or 0.
 pub const DEFAULT_MAX_TAGS: u32 = 10;
 pub const DEFAULT_TOKEN_LIFETIME: SignedDuration = SignedDuration::from_hours(365 * 24);
@@ -332,7 +336,7 @@ pub fn parse(
             {
                 cfg.prefix = p;
             }
-            cfg.jwt = oidc::validate("jwt", legacy.jwt.unwrap_or_default(), &cfg.prefix)
+            cfg.jwt = jwt::validate("jwt", legacy.jwt.unwrap_or_default(), &cfg.prefix)
                 .map_err(|e| format!("ConfigMap {CONFIGMAP}, key authentication: {e}"))?;
         }
         (None, None) => {}
@@ -365,7 +369,7 @@ fn apply_config(
         cfg.token_lifetime = lifetime;
     }
     cfg.k8s_auth = auth.k8s.and_then(|k| k.enabled).unwrap_or(false);
-    cfg.jwt = oidc::validate(
+    cfg.jwt = jwt::validate(
         "authentication.jwt",
         auth.jwt.unwrap_or_default(),
         &cfg.prefix,
@@ -373,37 +377,7 @@ fn apply_config(
     .map_err(|e| format!("ConfigMap {CONFIGMAP}, key config: {e}"))?;
     cfg.provisioning = raw.provisioning.and_then(|p| p.enabled).unwrap_or(false);
 
-    let ka = raw.grpc.and_then(|g| g.keepalive).unwrap_or_default();
-    let field = |name: &str, v: Option<&String>| duration(&format!("grpc.keepalive.{name}"), v);
-    cfg.keepalive = Keepalive {
-        min_time: field("minTime", ka.min_time.as_ref())?.unwrap_or(Keepalive::default().min_time),
-        permit_without_stream: ka.permit_without_stream.unwrap_or(true),
-        timeout: field("timeout", ka.timeout.as_ref())?,
-        interval_time: field("intervalTime", ka.interval_time.as_ref())?,
-        max_connection_idle: field("maxConnectionIdle", ka.max_connection_idle.as_ref())?,
-        max_connection_age: field("maxConnectionAge", ka.max_connection_age.as_ref())?,
-        max_connection_age_grace: field(
-            "maxConnectionAgeGrace",
-            ka.max_connection_age_grace.as_ref(),
-        )?,
-    };
-    let keepalive = &cfg.keepalive;
-    if [
-        Some(keepalive.min_time),
-        keepalive.timeout,
-        keepalive.interval_time,
-        keepalive.max_connection_idle,
-        keepalive.max_connection_age,
-        keepalive.max_connection_age_grace,
-    ]
-    .into_iter()
-    .flatten()
-    .any(|d| d.is_negative())
-    {
-        return Err(format!(
-            "ConfigMap {CONFIGMAP}, key config: grpc.keepalive durations must not be negative"
-        ));
-    }
+    cfg.keepalive = keepalive(raw.grpc.and_then(|g| g.keepalive).unwrap_or_default())?;
 
     cfg.max_tags = match raw.lease_policy.and_then(|l| l.max_tags) {
         None | Some(0) => DEFAULT_MAX_TAGS,
@@ -422,31 +396,71 @@ fn apply_config(
         .and_then(|d| d.keys)
         .unwrap_or_default();
 
-    if let Some(t) = raw.telemetry
-        && t.enabled == Some(true)
-    {
-        let logging = t.logging.unwrap_or_default();
-        let min_severity = logging
-            .filter
-            .and_then(|f| f.min_severity)
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "info".into());
-        if !SEVERITIES.contains(&min_severity.as_str()) {
-            return Err(format!(
-                "ConfigMap {CONFIGMAP}, key config: telemetry.logging.filter.minSeverity {min_severity:?} is not valid, accepted values: {}",
-                SEVERITIES.join(", ")
-            ));
-        }
-        cfg.telemetry = Some(Telemetry {
-            endpoint: t
-                .endpoint
-                .filter(|e| !e.is_empty())
-                .unwrap_or_else(|| format!("jumpstarter-telemetry.{manager_namespace}:9093")),
-            certificate: t.certificate.unwrap_or_default(),
-            min_severity,
-        });
-    }
+    cfg.telemetry = raw
+        .telemetry
+        .filter(|t| t.enabled == Some(true))
+        .map(|t| telemetry(t, manager_namespace))
+        .transpose()?;
     Ok(())
+}
+
+/// `grpc.keepalive`: its durations, none negative.
+fn keepalive(ka: RawKeepalive) -> Result<Keepalive, String> {
+    let field = |name: &str, v: Option<&String>| duration(&format!("grpc.keepalive.{name}"), v);
+    let keepalive = Keepalive {
+        min_time: field("minTime", ka.min_time.as_ref())?.unwrap_or(Keepalive::default().min_time),
+        permit_without_stream: ka.permit_without_stream.unwrap_or(true),
+        timeout: field("timeout", ka.timeout.as_ref())?,
+        interval_time: field("intervalTime", ka.interval_time.as_ref())?,
+        max_connection_idle: field("maxConnectionIdle", ka.max_connection_idle.as_ref())?,
+        max_connection_age: field("maxConnectionAge", ka.max_connection_age.as_ref())?,
+        max_connection_age_grace: field(
+            "maxConnectionAgeGrace",
+            ka.max_connection_age_grace.as_ref(),
+        )?,
+    };
+    if [
+        Some(keepalive.min_time),
+        keepalive.timeout,
+        keepalive.interval_time,
+        keepalive.max_connection_idle,
+        keepalive.max_connection_age,
+        keepalive.max_connection_age_grace,
+    ]
+    .into_iter()
+    .flatten()
+    .any(|d| d.is_negative())
+    {
+        return Err(format!(
+            "ConfigMap {CONFIGMAP}, key config: grpc.keepalive durations must not be negative"
+        ));
+    }
+    Ok(keepalive)
+}
+
+/// An enabled `telemetry`: its endpoint (default: the telemetry Service in the manager's
+/// namespace), certificate and minimum severity.
+fn telemetry(t: RawTelemetry, manager_namespace: &str) -> Result<Telemetry, String> {
+    let logging = t.logging.unwrap_or_default();
+    let min_severity = logging
+        .filter
+        .and_then(|f| f.min_severity)
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "info".into());
+    if !SEVERITIES.contains(&min_severity.as_str()) {
+        return Err(format!(
+            "ConfigMap {CONFIGMAP}, key config: telemetry.logging.filter.minSeverity {min_severity:?} is not valid, accepted values: {}",
+            SEVERITIES.join(", ")
+        ));
+    }
+    Ok(Telemetry {
+        endpoint: t
+            .endpoint
+            .filter(|e| !e.is_empty())
+            .unwrap_or_else(|| format!("jumpstarter-telemetry.{manager_namespace}:9093")),
+        certificate: t.certificate.unwrap_or_default(),
+        min_severity,
+    })
 }
 
 /// docs/exporter.md, "Dial and Listen": the router for an exporter with `labels`. One router is

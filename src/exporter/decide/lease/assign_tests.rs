@@ -3,14 +3,24 @@
 //! without a timer, scheduling and expiry, and the afterLease gate.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::ObjectMeta;
 
 use super::*;
+use crate::conditions::Desired;
 use crate::exporter::crd::{
-    ClientSpec, ExporterAccessPolicySpec, ExporterSpec, ExporterStatus, From, HookPhase, HookState,
-    LeaseHooks, LeaseSpec, Policy,
+    ClientSpec, ExporterAccessPolicySpec, ExporterSpec, ExporterStatus, ExporterStatusValue, From,
+    HookPhase, HookState, LeaseHooks, LeaseSpec, LeaseStatus, LocalObjectReference, Policy,
+};
+use crate::exporter::decide::lease::access::filter_out_disabled;
+use crate::exporter::decide::lease::access::gate_on_fresh;
+use crate::exporter::decide::lease::expiry::{held_lease, is_active};
+use crate::exporter::decide::lease::preempt::preempted_status;
+use crate::exporter::decide::lease::status::build_status;
+use crate::exporter::decide::lease::{
+    ENDED, ENDED_LABEL, ENDED_VALUE, INVALID, PENDING, PREEMPTED, READY, UNSATISFIABLE,
 };
 
 const NOW: i64 = 1_800_000_000;

@@ -8,9 +8,10 @@ use kube::api::ObjectMeta;
 
 use super::*;
 use crate::exporter::crd::{
-    ExporterSpec, ExporterStatus, HookState, LeaseHooks, LeaseSpec, LeaseStatus,
-    LocalObjectReference,
+    ExporterSpec, ExporterStatus, ExporterStatusValue, HookPhase, HookState, LeaseHooks, LeaseSpec,
+    LeaseStatus, LocalObjectReference,
 };
+use crate::exporter::decide::lease::preempt::{Held, victim};
 
 const NOW: i64 = 1_800_000_000;
 

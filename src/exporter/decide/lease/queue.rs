@@ -8,8 +8,7 @@
 //!   ready exporters when `ahead < free` ([`Standing::may_take`]).
 //! - **Position and estimated start** ([`estimate_start`]): the leases ahead take the exporters
 //!   as they come free, in order.
-//! - **Preemption** ([`victim`]): the youngest Lease held under spot access that a non-spot
-//!   Lease of equal or higher priority may end.
+//! - **Preemption**: `super::preempt`.
 //! - **Free windows** ([`longest_free_window`]): where a requested duration does not fit before a
 //!   booking.
 //!
@@ -22,13 +21,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::access::{approved_candidates, matching};
+use super::expiry::is_ended_label;
+use super::{INVALID, UNSATISFIABLE};
 use crate::conditions;
-use crate::exporter::crd::{
-    Client, Exporter, ExporterAccessPolicy, ExporterStatusValue, HookPhase, Lease,
-};
+use crate::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease, LeaseQueue};
 use crate::exporter::decide::exporter::{ONLINE, REGISTERED};
-use crate::exporter::lease::assign::{self, INVALID, UNSATISFIABLE};
 use crate::exporter::lease::selector;
 
 /// Positions (and estimated starts) are exact up to this many leases ahead; a lease further
@@ -95,13 +95,13 @@ pub struct Booking {
 pub struct Field<'a> {
     pub waiting: Vec<Contender<'a>>,
     pub bookings: Vec<Booking>,
-    /// The exporters each distinct selection picks ([`assign::matching`]), by [`select_key`]:
+    /// The exporters each distinct selection picks ([`matching`]), by [`select_key`]:
     /// the decision of a lease in the field reuses its scan of every exporter.
     selected: HashMap<String, Option<Vec<&'a Exporter>>>,
 }
 
 impl<'a> Field<'a> {
-    /// [`assign::matching`] of `lease` as this field computed it; None when the lease is not in
+    /// [`matching`] of `lease` as this field computed it; None when the lease is not in
     /// the field (not waiting) or selects nothing it can use.
     pub fn matching(&self, lease: &Lease) -> Option<&[&'a Exporter]> {
         self.selected.get(&select_key(lease))?.as_deref()
@@ -153,7 +153,7 @@ pub fn near_head(lease: &Lease) -> bool {
 
 /// Not ended, released, assigned, invalid or unsatisfiable (waiting, or booked for later).
 fn is_open(lease: &Lease) -> bool {
-    if assign::is_ended_label(lease) || lease.spec.release == Some(true) {
+    if is_ended_label(lease) || lease.spec.release == Some(true) {
         return false;
     }
     match &lease.status {
@@ -207,9 +207,9 @@ pub fn waiting<'a, 'c>(
             };
             let matching = selected
                 .entry(select)
-                .or_insert_with(|| assign::matching(lease, exporters))
+                .or_insert_with(|| matching(lease, exporters))
                 .as_deref()?;
-            assign::approved_candidates(lease, matching, policies, client, now)
+            approved_candidates(lease, matching, policies, client)
                 .map(|(p, names)| (p, Arc::new(names)))
         });
         let Some((priority, candidates)) = entry.clone() else {
@@ -254,7 +254,7 @@ fn ask_key(lease: &Lease, policies: bool) -> (String, String) {
     (select, key)
 }
 
-/// What decides the exporters a lease selects ([`assign::matching`]).
+/// What decides the exporters a lease selects ([`matching`]).
 fn select_key(lease: &Lease) -> String {
     format!(
         "{}\u{0}{}\u{0}{}",
@@ -346,63 +346,70 @@ pub fn estimate_start(
     earliest(&slots).and_then(|i| slots[i])
 }
 
-/// An exporter held by an active lease, as preemption reads it.
-#[derive(Debug, Clone)]
-pub struct Held<'a> {
-    pub exporter: &'a Exporter,
-    pub lease: &'a Lease,
-}
-
-impl Held<'_> {
-    fn spot(&self) -> bool {
-        self.lease.status.as_ref().and_then(|s| s.spot_access) == Some(true)
-    }
-
-    fn priority(&self) -> i64 {
-        self.lease
-            .status
-            .as_ref()
-            .and_then(|s| s.priority)
-            .unwrap_or(0)
-    }
-
-    /// Its exporter runs the beforeLease hook of this lease.
-    fn in_before_lease_hook(&self) -> bool {
-        let lease = self.lease.metadata.name.as_deref().unwrap_or_default();
-        let Some(status) = self.exporter.status.as_ref() else {
-            return false;
-        };
-        if status.exporter_status == Some(ExporterStatusValue::BeforeLeaseHook)
-            && status.lease_ref.as_ref().map(|r| r.name.as_str()) == Some(lease)
-        {
-            return true;
-        }
-        status.lease_hooks.as_ref().is_some_and(|h| {
-            h.lease_ref.as_ref().map(|r| r.name.as_str()) == Some(lease)
-                && h.before_lease.as_ref().map(|b| b.phase) == Some(HookPhase::Running)
+/// What a waiting lease shows of where it stands (docs/exporter.md, "Lease scheduling"): the
+/// place for its `Pending` message (position, estimated start, and the longest free window when
+/// its duration fits before no booking) and its `status.queue`. `free_at` is when each of its
+/// exporters comes free; `previous` its last `status.queue`.
+pub fn place(
+    lease: &Lease,
+    standing: &Standing,
+    free_at: &[(&str, Option<Timestamp>)],
+    field: &Field<'_>,
+    previous: Option<&LeaseQueue>,
+    priority: i64,
+    now: Timestamp,
+) -> (String, LeaseQueue) {
+    let mut estimate = standing
+        .shown()
+        .then(|| {
+            estimate_start(
+                &free_at.iter().map(|(_, t)| *t).collect::<Vec<_>>(),
+                &standing.ahead_durations,
+            )
         })
+        .flatten()
+        .map(|t| conditions::time(t).0);
+    // An estimate that moved less than a minute, or that says "now" again, keeps its last
+    // value: no write for jitter.
+    if let (Some(new), Some(old)) = (
+        estimate,
+        previous.and_then(|q| q.estimated_start_time.as_ref()),
+    ) && (new.duration_since(old.0).abs() < SignedDuration::from_secs(60)
+        || (new <= now && old.0 <= now))
+    {
+        estimate = Some(old.0);
     }
-}
-
-/// The lease to preempt for a non-spot lease of `priority`: among `held` (exporters the waiting
-/// lease may use under non-spot access), those held under spot access at a priority no higher,
-/// not in their beforeLease hook; the youngest (latest start, then the last name). A non-spot
-/// lease is never preempted.
-pub fn victim<'h, 'a>(priority: i64, held: &'h [Held<'a>]) -> Option<&'h Held<'a>> {
-    held.iter()
-        .filter(|h| h.spot() && h.priority() <= priority && !h.in_before_lease_hook())
-        .max_by(|a, b| {
-            let begin = |h: &Held<'_>| {
-                h.lease
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.begin_time.as_ref())
-                    .map(|t| t.0)
-            };
-            begin(a)
-                .cmp(&begin(b))
-                .then(a.lease.metadata.name.cmp(&b.lease.metadata.name))
-        })
+    let mut place = if standing.shown() {
+        format!("position {} in the queue", standing.position())
+    } else {
+        format!("more than {POSITION_CAP} leases ahead in the queue")
+    };
+    match estimate {
+        Some(t) if t <= now => place.push_str(", estimated start now"),
+        Some(t) => place.push_str(&format!(", estimated start {t}")),
+        None if standing.shown() => place.push_str(", estimated start unknown"),
+        None => {}
+    }
+    if let (Some(d), false) = (duration_of(lease), field.bookings.is_empty())
+        && let Some((window, exporter, booking)) = longest_free_window(free_at, d, &field.bookings)
+    {
+        place.push_str(&format!(
+            "; the requested {} does not fit before the next booking on any matching exporter: the longest free window is {} on exporter {exporter}, before lease {} at {}",
+            human(d),
+            human(window),
+            booking.name,
+            booking.begin
+        ));
+    }
+    let status = LeaseQueue {
+        estimated_start_time: estimate.map(Time),
+        position: standing
+            .shown()
+            .then(|| i64::try_from(standing.position()).unwrap_or(i64::MAX)),
+        priority: (priority != 0).then_some(priority),
+        ..Default::default()
+    };
+    (place, status)
 }
 
 /// The longest window a lease could have on one of its exporters before that exporter's next
