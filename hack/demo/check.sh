@@ -28,13 +28,22 @@ fail() {
   exit 1
 }
 
+# The host as it was before make run: one node per machine, so one already up (another checkout's,
+# or `make node`) would be part of "before" and taken down by the run; say so instead.
+if ip link show "$name-h" >/dev/null 2>&1 || [ -e "/run/netns/$name" ]; then
+  echo "run-check: FAIL: a node ($name) is already up on this machine: 'make node-down' in its checkout first" >&2
+  exit 1
+fi
 host_snapshot "$snap/before"
 t0=$SECONDS
-# A session of its own, so that its process group is the run's alone, as a terminal's foreground
-# job is; tee's own output is not needed (the log is what the user would read).
-setsid bash -c 'hack/demo/run-node.sh 2>&1 | tee "$1" >/dev/null' run-check "$log" </dev/null &
+# Job control puts the run in a process group of its own, as a terminal's foreground job is, and
+# leaves SIGINT to it (without it, a background job starts with SIGINT ignored, which no trap can
+# undo). tee's own output is not needed: the log is what the user would read.
+set -m
+bash -c 'hack/demo/run-node.sh 2>&1 | tee "$1" >/dev/null' run-check "$log" </dev/null &
 pid=$!
-pgid=$(ps -o pgid= "$pid" | tr -d ' ')
+set +m
+pgid=$pid
 until grep -q '^ucm is running on node' "$log" 2>/dev/null; do
   kill -0 "$pid" 2>/dev/null || fail "make run's node part ended before its banner"
   ((SECONDS - t0 < 900)) || fail "no banner after 900 s"
