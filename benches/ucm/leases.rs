@@ -448,10 +448,7 @@ pub async fn load(p: &Plane, m: &Proc, n: usize, first: usize, run: &str) -> Loa
     )
     .await;
     let passes = m.histogram(RECONCILE, "controller=\"lease\"").await;
-    assert!(
-        !refresher.is_finished(),
-        "the keep-online task stopped"
-    );
+    assert!(!refresher.is_finished(), "the keep-online task stopped");
     check(&c, m_clients).await;
     refresher.abort();
     Load {
@@ -554,7 +551,10 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             "clients.requests",
             l.clients.requests() as f64 / m_clients as f64,
         );
-        s.push("clients.writes", l.clients.writes() as f64 / m_clients as f64);
+        s.push(
+            "clients.writes",
+            l.clients.writes() as f64 / m_clients as f64,
+        );
         bd_insert(&mut bd, "clients", l.clients.manager.top(6));
         s.push("online.secs", l.online.secs);
         s.push(
