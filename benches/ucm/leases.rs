@@ -42,7 +42,7 @@ use crate::steps::{
 const PHASE: &str = "leases";
 /// The reconcile histogram of the manager's /metrics: its count is the passes.
 const RECONCILE: &str = "controller_runtime_reconcile_time_seconds";
-const NS: &str = "bench";
+pub const NS: &str = "bench";
 /// The label only the online Exporters carry; every Lease selects it, so each Lease can take any
 /// free online Exporter (the Go controller's measurement does not say which selector it used).
 pub const POOL: &str = "ucm-bench-pool";
@@ -91,7 +91,7 @@ fn client_name(i: usize) -> String {
     format!("client-{i:04}")
 }
 
-fn client(i: usize, run: &str) -> Client {
+pub fn client(i: usize, run: &str) -> Client {
     obj(json!({
         "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Client",
         "metadata": {"name": client_name(i), "labels": {LABEL: run}}, "spec": {}
@@ -99,7 +99,7 @@ fn client(i: usize, run: &str) -> Client {
 }
 
 /// A Lease of Client `i`, an hour long, for any online Exporter; `step` is its `LABEL` value.
-fn lease(prefix: &str, i: usize, step: &str) -> Lease {
+pub fn lease(prefix: &str, i: usize, step: &str) -> Lease {
     obj(json!({
         "apiVersion": "jumpstarter.dev/v1alpha1", "kind": "Lease",
         "metadata": {"name": format!("lease-{prefix}-{i:04}"), "labels": {LABEL: step}},
@@ -127,13 +127,13 @@ pub fn online_done(e: &Exporter) -> bool {
     is_true(conds, "Online") && is_true(conds, "Registered")
 }
 
-fn lease_done(l: &Lease) -> bool {
+pub fn lease_done(l: &Lease) -> bool {
     l.status.as_ref().is_some_and(|s| {
         !s.ended && s.exporter_ref.is_some() && is_true(s.conditions.as_ref(), "Ready")
     })
 }
 
-fn lease_ended(l: &Lease) -> bool {
+pub fn lease_ended(l: &Lease) -> bool {
     l.status.as_ref().is_some_and(|s| s.ended)
 }
 
@@ -208,10 +208,10 @@ pub fn keep_online(
     })
 }
 
-fn fail(what: &str, problems: &[String]) {
+pub fn fail(what: &str, problems: &[String]) {
     if !problems.is_empty() {
         panic!(
-            "leases phase: {what}: {} problems, first {:?}",
+            "{what}: {} problems, first {:?}",
             problems.len(),
             &problems[..problems.len().min(10)]
         );
@@ -221,7 +221,7 @@ fn fail(what: &str, problems: &[String]) {
 /// The correctness check (the Go controller's measurement: "every Secret present with a token and a
 /// controller owner reference; no exporter held two leases"), plus: every active Lease is on an
 /// online exporter. Panics with the first problems.
-async fn check(c: &kube::Client, assigned: usize) {
+pub async fn check(c: &kube::Client, assigned: usize) {
     let lp = ListParams::default();
     let leases = Api::<Lease>::namespaced(c.clone(), NS)
         .list(&lp)
@@ -265,7 +265,7 @@ async fn check(c: &kube::Client, assigned: usize) {
     let active = holders.values().map(Vec::len).sum::<usize>();
     assert_eq!(
         active, assigned,
-        "leases phase: {active} active assigned leases, expected {assigned}"
+        "{active} active assigned leases, expected {assigned}"
     );
 
     let secrets: HashMap<String, Secret> = Api::<Secret>::namespaced(c.clone(), NS)
@@ -328,6 +328,138 @@ fn push_lease_counts(s: &mut Samples, steps: &[&Step], n: usize) {
         "leases.conflicts",
         sum(&|st| st.manager.code_besides_coordination_leases(409)),
     );
+}
+
+/// What [`load`] measured: each timed step, the RSS 5 s after the Exporters' step, and the lease
+/// passes of the second lease step (`controller_runtime_reconcile_time_seconds` count).
+pub struct Load {
+    pub exporters: Step,
+    pub rss_after: f64,
+    pub clients: Step,
+    pub online: Step,
+    pub first: Step,
+    pub all: Step,
+    pub lease_passes: f64,
+}
+
+/// The exporter feature's load on a plane where the controller `m` runs (ucm, or in phase `peer`
+/// the Go controller, under the same ServiceAccount so the audit log counts both alike): `n`
+/// Exporters in namespace [`NS`], create → every final status; RSS 5 s later; `n / 10` Clients,
+/// create → credential; every tenth Exporter made online by a status patch, patch → Online and
+/// Registered, then kept online by the same patch every 20 s; `first` Leases (one per Client),
+/// create → assigned and Ready, released; then `n / 10` Leases, one per Client, create → assigned
+/// and Ready; then [`check`], which panics on a wrong result.
+pub async fn load(p: &Plane, m: &Proc, n: usize, first: usize, run: &str) -> Load {
+    let c = p.admin.clone();
+    let online: Vec<usize> = (0..n).filter(|i| is_online(*i)).collect();
+    let m_clients = online.len();
+    let exporters: Api<Exporter> = Api::namespaced(c.clone(), NS);
+    let exporters_step = timed(
+        p,
+        m,
+        exporters.clone(),
+        (0..n).map(|i| exporter(i, run)).collect(),
+        exporter_done,
+        run,
+        "Exporters",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss_after = m.rss() as f64;
+
+    let clients = timed(
+        p,
+        m,
+        Api::<Client>::namespaced(c.clone(), NS),
+        (0..m_clients).map(|i| client(i, run)).collect(),
+        client_done,
+        run,
+        "Clients",
+    )
+    .await;
+
+    // One Exporter in ten online.
+    let devices: Arc<Vec<(String, String)>> = Arc::new(
+        online
+            .iter()
+            .map(|i| (exporter_name(*i), uuid::Uuid::new_v4().to_string()))
+            .collect(),
+    );
+    let tracker = track(
+        exporters.clone(),
+        watcher::Config::default().labels(&format!("{LABEL}={run},{POOL}={ONLINE}")),
+        online.len(),
+        online_done,
+    );
+    let online_step = timed_with(p, m, tracker, "Exporters online", async {
+        fail(
+            "online status patch",
+            &patch_all(&exporters, online_patches(&devices), true).await,
+        );
+    })
+    .await;
+    let refresher = keep_online(exporters.clone(), devices.clone());
+
+    // Leases: `first`, released, then one per Client.
+    let leases: Api<Lease> = Api::namespaced(c.clone(), NS);
+    let step_a = format!("{run}-a");
+    let a = timed(
+        p,
+        m,
+        leases.clone(),
+        (0..first).map(|i| lease("a", i, &step_a)).collect(),
+        lease_done,
+        &step_a,
+        "Leases (first)",
+    )
+    .await;
+    let ended = track(
+        leases.clone(),
+        watcher::Config::default().labels(&format!("{LABEL}={step_a}")),
+        first,
+        lease_ended,
+    );
+    let release: Vec<(String, Value)> = (0..first)
+        .map(|i| {
+            (
+                format!("lease-a-{i:04}"),
+                json!({"spec": {"release": true}}),
+            )
+        })
+        .collect();
+    let t0 = Instant::now();
+    fail("lease release", &patch_all(&leases, release, false).await);
+    ended.wait("first Leases released", WAIT).await;
+    eprintln!(
+        "  {first} Leases released and ended in {:.2}s",
+        t0.elapsed().as_secs_f64()
+    );
+    manager_quiet(p).await;
+    let step_b = format!("{run}-b");
+    let passes0 = m.histogram(RECONCILE, "controller=\"lease\"").await;
+    let b = timed(
+        p,
+        m,
+        leases.clone(),
+        (0..m_clients).map(|i| lease("b", i, &step_b)).collect(),
+        lease_done,
+        &step_b,
+        "Leases",
+    )
+    .await;
+    let passes = m.histogram(RECONCILE, "controller=\"lease\"").await;
+    assert!(!refresher.is_finished(), "the keep-online task stopped");
+    check(&c, m_clients).await;
+    refresher.abort();
+    Load {
+        exporters: exporters_step,
+        rss_after,
+        clients,
+        online: online_step,
+        first: a,
+        all: b,
+        lease_passes: passes.count - passes0.count,
+    }
 }
 
 pub async fn run(ctx: &Ctx) -> Vec<Figure> {
@@ -399,18 +531,8 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         s.push("rss.zero", rss0 / f64::from(1 << 20));
         s.push("rss.zero_after", ready.elapsed().as_secs_f64());
 
-        // Exporters.
-        let exporters: Api<Exporter> = Api::namespaced(c.clone(), NS);
-        let st = timed(
-            &p,
-            &m,
-            exporters.clone(),
-            (0..n).map(|i| exporter(i, &run)).collect(),
-            exporter_done,
-            &run,
-            "Exporters",
-        )
-        .await;
+        let l = load(&p, &m, n, first, &run).await;
+        let st = &l.exporters;
         let per = |x: u64| x as f64 / n as f64;
         s.push("exporters.rate", n as f64 / st.secs);
         s.push("exporters.requests", per(st.requests()));
@@ -422,107 +544,26 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         s.push("exporters.api_cpu", st.apiserver_cpu * 1000.0 / n as f64);
         s.push("exporters.manager_cpu", st.manager_cpu * 1000.0 / n as f64);
         bd_insert(&mut bd, "exporters", st.manager.top(8));
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let rss1 = m.rss() as f64;
-        s.push("rss.after", rss1 / f64::from(1 << 20));
-        s.push("rss.per_exporter", (rss1 - rss0) / n as f64 / 1024.0);
-
-        // Clients.
-        let st = timed(
-            &p,
-            &m,
-            Api::<Client>::namespaced(c.clone(), NS),
-            (0..m_clients).map(|i| client(i, &run)).collect(),
-            client_done,
-            &run,
-            "Clients",
-        )
-        .await;
-        s.push("clients.secs", st.secs);
-        s.push("clients.requests", st.requests() as f64 / m_clients as f64);
-        s.push("clients.writes", st.writes() as f64 / m_clients as f64);
-        bd_insert(&mut bd, "clients", st.manager.top(6));
-
-        // One Exporter in ten online.
-        let devices: Arc<Vec<(String, String)>> = Arc::new(
-            online
-                .iter()
-                .map(|i| (exporter_name(*i), uuid::Uuid::new_v4().to_string()))
-                .collect(),
+        s.push("rss.after", l.rss_after / f64::from(1 << 20));
+        s.push("rss.per_exporter", (l.rss_after - rss0) / n as f64 / 1024.0);
+        s.push("clients.secs", l.clients.secs);
+        s.push(
+            "clients.requests",
+            l.clients.requests() as f64 / m_clients as f64,
         );
-        let tracker = track(
-            exporters.clone(),
-            watcher::Config::default().labels(&format!("{LABEL}={run},{POOL}={ONLINE}")),
-            online.len(),
-            online_done,
+        s.push(
+            "clients.writes",
+            l.clients.writes() as f64 / m_clients as f64,
         );
-        let st = timed_with(&p, &m, tracker, "Exporters online", async {
-            fail(
-                "online status patch",
-                &patch_all(&exporters, online_patches(&devices), true).await,
-            );
-        })
-        .await;
-        let refresher = keep_online(exporters.clone(), devices.clone());
-        s.push("online.secs", st.secs);
+        bd_insert(&mut bd, "clients", l.clients.manager.top(6));
+        s.push("online.secs", l.online.secs);
         s.push(
             "online.requests",
-            st.requests() as f64 / online.len() as f64,
+            l.online.requests() as f64 / online.len() as f64,
         );
-        bd_insert(&mut bd, "online", st.manager.top(6));
-
-        // Leases: a tenth, released, then one per Client.
-        let leases: Api<Lease> = Api::namespaced(c.clone(), NS);
-        let step_a = format!("{run}-a");
-        let a = timed(
-            &p,
-            &m,
-            leases.clone(),
-            (0..first).map(|i| lease("a", i, &step_a)).collect(),
-            lease_done,
-            &step_a,
-            "Leases (first)",
-        )
-        .await;
-        let ended = track(
-            leases.clone(),
-            watcher::Config::default().labels(&format!("{LABEL}={step_a}")),
-            first,
-            lease_ended,
-        );
-        let release: Vec<(String, Value)> = (0..first)
-            .map(|i| {
-                (
-                    format!("lease-a-{i:04}"),
-                    json!({"spec": {"release": true}}),
-                )
-            })
-            .collect();
-        let t0 = Instant::now();
-        fail("lease release", &patch_all(&leases, release, false).await);
-        ended.wait("first Leases released", WAIT).await;
-        eprintln!(
-            "  {first} Leases released and ended in {:.2}s",
-            t0.elapsed().as_secs_f64()
-        );
-        manager_quiet(&p).await;
-        let step_b = format!("{run}-b");
-        let passes0 = m.histogram(RECONCILE, "controller=\"lease\"").await;
-        let b = timed(
-            &p,
-            &m,
-            leases.clone(),
-            (0..m_clients).map(|i| lease("b", i, &step_b)).collect(),
-            lease_done,
-            &step_b,
-            "Leases",
-        )
-        .await;
-        let passes = m.histogram(RECONCILE, "controller=\"lease\"").await;
-        s.push(
-            "leases.all.passes",
-            (passes.count - passes0.count) / m_clients as f64,
-        );
+        bd_insert(&mut bd, "online", l.online.manager.top(6));
+        let (a, b) = (&l.first, &l.all);
+        s.push("leases.all.passes", l.lease_passes / m_clients as f64);
         s.push(
             "leases.all.manager_cpu",
             b.manager_cpu * 1000.0 / m_clients as f64,
@@ -537,21 +578,14 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             "leases.flatness",
             (b.secs / m_clients as f64) / (a.secs / first as f64),
         );
-        push_lease_counts(&mut s, &[&a, &b], first + m_clients);
+        push_lease_counts(&mut s, &[a, b], first + m_clients);
         bd_insert(&mut bd, "leases", b.manager.top(8));
         let where_ = |st: &Step| match st.manager.top_code(409, 4) {
             t if t.is_empty() => "none".to_string(),
             t => t,
         };
-        let conflicts = format!("{}; {}", where_(&a), where_(&b));
+        let conflicts = format!("{}; {}", where_(a), where_(b));
         bd_insert(&mut bd, "conflicts", conflicts);
-
-        assert!(
-            !refresher.is_finished(),
-            "leases phase: the keep-online task stopped"
-        );
-        check(&c, m_clients).await;
-        refresher.abort();
         m.stop("TERM");
         drop(p);
         if std::env::var("UCM_BENCH_KEEP").as_deref() != Ok("1") {

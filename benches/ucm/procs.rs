@@ -44,6 +44,16 @@ impl Proc {
     /// `ucm manager` with the default settings of the shipped Deployment (leader election only
     /// when asked), its own ports, and `--namespace=ucm-system`.
     pub fn manager(kubeconfig: &Path, log: PathBuf, extra: &[String]) -> Proc {
+        Proc::manager_env(kubeconfig, log, extra, &[])
+    }
+
+    /// [`Proc::manager`] with environment variables (e.g. `CONTROLLER_KEY`).
+    pub fn manager_env(
+        kubeconfig: &Path,
+        log: PathBuf,
+        extra: &[String],
+        env: &[(&str, &str)],
+    ) -> Proc {
         let (metrics_port, health_port, grpc_port) = (free_port(), free_port(), free_port());
         let mut cmd = Command::new(ucm_bin());
         cmd.arg("manager")
@@ -64,7 +74,8 @@ impl Proc {
             .env_remove("RUST_LOG")
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_NAME")
-            .env_remove("WATCH_NAMESPACE");
+            .env_remove("WATCH_NAMESPACE")
+            .envs(env.iter().copied());
         let mut p = Proc::spawn(cmd, log);
         p.metrics_port = metrics_port;
         p.health_port = health_port;

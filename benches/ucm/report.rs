@@ -169,6 +169,10 @@ pub const PHASE_TITLES: &[(&str, &str)] = &[
         "Exporter feature against the upstream Go controller (Exporters, Clients, Leases)",
     ),
     (
+        "peer",
+        "Exporter feature against the Go controller v0.9.0, same run (Go, ucm, ucm, Go)",
+    ),
+    (
         "queue",
         "Lease scheduler: 2,000 Leases, three priorities, 50 exporters",
     ),
