@@ -1233,28 +1233,31 @@ fn manager_pid(pod: &str) -> Option<u32> {
     })
 }
 
-/// A Dial for `lease` through the gRPC Service, on a new connection (as a new `jmp` makes).
-async fn dial_once(
-    peers: &NodeJmp,
-    service_ip: &str,
-    ca: &[u8],
-    lease: &str,
-) -> Result<(), String> {
+/// A Dial for `lease` through the gRPC Service, on a new connection (as a new `jmp` makes): the
+/// headless Service's ready addresses (what its name resolves to), the first that connects.
+async fn dial_once(peers: &NodeJmp, ca: &[u8], lease: &str) -> Result<(), String> {
     use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
     use ucm::exporter::proto::jumpstarter::v1 as pb;
-    let ch = Endpoint::from_shared(format!("https://{service_ip}:8082"))
-        .unwrap()
-        .tls_config(
-            ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(ca))
-                .domain_name("ucm-grpc.ucm-system.svc"),
-        )
-        .unwrap()
-        .connect_timeout(Duration::from_millis(500))
-        .timeout(Duration::from_secs(40))
-        .connect()
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+    let mut ch = Err("no ready address".to_string());
+    for ip in ready_endpoints(&peers.client, NS, "ucm-grpc").await {
+        ch = Endpoint::from_shared(format!("https://{ip}:8082"))
+            .unwrap()
+            .tls_config(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(ca))
+                    .domain_name("ucm-grpc.ucm-system.svc"),
+            )
+            .unwrap()
+            .connect_timeout(Duration::from_millis(500))
+            .timeout(Duration::from_secs(40))
+            .connect()
+            .await
+            .map_err(|e| format!("connect to {ip}: {e}"));
+        if ch.is_ok() {
+            break;
+        }
+    }
+    let ch = ch?;
     let mut req = tonic::Request::new(pb::DialRequest {
         lease_name: lease.into(),
     });
@@ -1276,7 +1279,6 @@ async fn dial_once(
 /// Dials until one succeeds; the time from `since` to that success.
 async fn dial_until_served(
     peers: &NodeJmp,
-    service_ip: &str,
     ca: &[u8],
     lease: &str,
     since: Instant,
@@ -1284,7 +1286,7 @@ async fn dial_until_served(
 ) -> Duration {
     let mut last = String::new();
     while since.elapsed() < Duration::from_secs(90) {
-        match dial_once(peers, service_ip, ca, lease).await {
+        match dial_once(peers, ca, lease).await {
             Ok(()) => return since.elapsed(),
             Err(e) => last = e,
         }
@@ -1471,19 +1473,11 @@ async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
     // on the survivor go on (a connection that lands on the dead replica is refused and retried).
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
     let ca = secret_data(&secrets, "ucm-exporter-grpc-tls", "tls.crt").await;
-    let service_ip = cluster_ip(&client, NS, "ucm-grpc").await;
     let pid = manager_pid(&other.name_any()).expect("the other replica's process");
     let t0 = Instant::now();
     signal(pid, "KILL");
-    let survivor = dial_until_served(
-        &peers,
-        &service_ip,
-        &ca,
-        &lease,
-        t0,
-        "after killing the other replica",
-    )
-    .await;
+    let survivor =
+        dial_until_served(&peers, &ca, &lease, t0, "after killing the other replica").await;
     eprintln!(
         "node: SIGKILL of the replica without the exporter's Listen: a new Dial succeeded {:.0} ms after the kill",
         survivor.as_secs_f64() * 1000.0
@@ -1532,7 +1526,7 @@ async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
                 t0.elapsed() < Duration::from_secs(60),
                 "run {run}: no Dial succeeded within 60s of the kill; last error: {last}"
             );
-            match dial_once(&peers, &service_ip, &ca, &lease).await {
+            match dial_once(&peers, &ca, &lease).await {
                 Ok(()) => break t0.elapsed(),
                 Err(e) => last = e,
             }
