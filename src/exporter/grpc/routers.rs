@@ -175,12 +175,13 @@ mod tests {
         let client =
             kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
                 .unwrap();
-        let none = BTreeMap::new();
+        let none: BTreeMap<String, RouterEntry> = BTreeMap::new();
+        let labels: BTreeMap<String, String> = BTreeMap::new();
         let plain = Routers::new(client.clone(), "ns", "r.svc:8083".into(), None);
-        assert_eq!(plain.choose(&none, &none).unwrap(), "r.svc:8083");
+        assert_eq!(plain.choose(&none, &labels).unwrap(), "r.svc:8083");
 
         let pods = Routers::new(client, "ns", "r.svc:8083".into(), Some("r".into()));
-        let err = pods.choose(&none, &none).unwrap_err();
+        let err = pods.choose(&none, &labels).unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unavailable);
         let mut w = pods.writer.lock().unwrap().take().unwrap();
         let mut s = (*slice(json!({
@@ -191,7 +192,7 @@ mod tests {
         })))
         .clone();
         w.apply_watcher_event(&watcher::Event::Apply(s.clone()));
-        let picks: Vec<String> = (0..4).map(|_| pods.choose(&none, &none).unwrap()).collect();
+        let picks: Vec<String> = (0..4).map(|_| pods.choose(&none, &labels).unwrap()).collect();
         assert_eq!(picks.iter().filter(|p| *p == "10.0.0.2:8083").count(), 2);
         assert_eq!(picks.iter().filter(|p| *p == "10.0.0.3:8083").count(), 2);
         // One drains: only the other is named.
@@ -199,10 +200,10 @@ mod tests {
             Some(serde_json::from_value(json!({"ready": false, "terminating": true})).unwrap());
         w.apply_watcher_event(&watcher::Event::Apply(s));
         for _ in 0..3 {
-            assert_eq!(pods.choose(&none, &none).unwrap(), "10.0.0.3:8083");
+            assert_eq!(pods.choose(&none, &labels).unwrap(), "10.0.0.3:8083");
         }
         let entries: BTreeMap<String, RouterEntry> =
             serde_json::from_value(json!({"default": {"endpoint": "router.example:443"}})).unwrap();
-        assert_eq!(pods.choose(&entries, &none).unwrap(), "router.example:443");
+        assert_eq!(pods.choose(&entries, &labels).unwrap(), "router.example:443");
     }
 }

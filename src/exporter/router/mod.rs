@@ -195,7 +195,7 @@ impl RouterService for Router {
                     Slot::Waiting {
                         id,
                         inbound: Box::new(inbound),
-                        tx: tx.clone(),
+                        tx,
                     },
                 );
                 debug!(stream = %sub, "router: first stream waiting for its peer");
@@ -203,11 +203,14 @@ impl RouterService for Router {
                 let wait =
                     Duration::from_secs((claims.exp - Timestamp::now().as_second()).max(0) as u64);
                 let slots = self.slots.clone();
+                // The timer holds no sender of its own (it uses the slot's): once paired, the
+                // stream ends with its pair, not when the token would have expired.
                 tokio::spawn(async move {
                     tokio::time::sleep(wait).await;
                     let mut slots = slots.lock().expect("router slots");
-                    if matches!(slots.get(&sub), Some(Slot::Waiting { id: i, .. }) if *i == id) {
-                        slots.remove(&sub);
+                    if matches!(slots.get(&sub), Some(Slot::Waiting { id: i, .. }) if *i == id)
+                        && let Some(Slot::Waiting { tx, .. }) = slots.remove(&sub)
+                    {
                         let _ = tx.try_send(Err(Status::deadline_exceeded(
                             "no peer connected before the router token expired",
                         )));
