@@ -517,20 +517,19 @@ async fn an_export_server_pod_serves_a_provisioned_disk_through_its_service() {
         .unwrap();
 }
 
-/// Puts config/default's manager back as it was (the revision before the test's) when dropped,
-/// also when the test fails.
-struct RolledBack;
+/// Puts a Deployment of config/default back when dropped, also when the test fails: to the
+/// revision before the test's (`rollout undo`), or to the one given.
+struct RolledBack(&'static str, Option<String>);
 
 impl Drop for RolledBack {
     fn drop(&mut self) {
+        let deployment = format!("deployment/{}", self.0);
+        let to = self.1.as_ref().map(|r| format!("--to-revision={r}"));
+        let mut undo = vec!["rollout", "undo", &deployment];
+        undo.extend(to.as_deref());
         for args in [
-            &["rollout", "undo", "deployment/ucm-controller-manager"][..],
-            &[
-                "rollout",
-                "status",
-                "deployment/ucm-controller-manager",
-                "--timeout=180s",
-            ],
+            &undo[..],
+            &["rollout", "status", &deployment, "--timeout=180s"][..],
         ] {
             let _ = Command::new(kubectl_bin())
                 .arg("--kubeconfig")
@@ -554,7 +553,7 @@ async fn a_download_outlives_a_certificate_renewal_and_the_ttl_and_the_proxy_ing
 {
     let client = installed().await;
     // Renewal due 40 s after issue (notAfter 120 s − 20 s − the one-minute margin).
-    let restore = RolledBack;
+    let restore = RolledBack("ucm-controller-manager", None);
     // One patch, one revision: the guard's `rollout undo` goes back to the shipped one.
     let ops: Vec<_> = [
         "--export-cert-duration=120s",
@@ -1802,7 +1801,7 @@ async fn a_jmp_shell_session_outlives_a_router_rollout_and_a_certificate_renewal
         "-o",
         "jsonpath={.metadata.annotations.deployment\\.kubernetes\\.io/revision}",
     ]);
-    let _restore = RouterRolledBack(revision.trim().to_string());
+    let _restore = RolledBack("ucm-router", Some(revision.trim().to_string()));
     let patch = json!({"spec": {"template": {"spec": {
         "volumes": [{"name": "tls-e2e", "secret": {"secretName": "ucm-router-tls-e2e"}}],
         "containers": [{"name": "router",
@@ -1840,21 +1839,18 @@ async fn a_jmp_shell_session_outlives_a_router_rollout_and_a_certificate_renewal
         },
     )
     .await;
-    let routers_before: Vec<(String, i32)> = ready_routers()
-        .await
-        .iter()
-        .map(|p| {
-            let restarts = p
-                .status
-                .as_ref()
-                .unwrap()
-                .container_statuses
-                .as_ref()
-                .unwrap()[0]
-                .restart_count;
-            (p.name_any(), restarts)
-        })
-        .collect();
+    // Each router with its container's restarts: the renewal must change neither.
+    let routers_now = || async {
+        ready_routers()
+            .await
+            .iter()
+            .map(|p| {
+                let s = p.status.as_ref().unwrap().container_statuses.as_ref();
+                (p.name_any(), s.unwrap()[0].restart_count)
+            })
+            .collect::<Vec<_>>()
+    };
+    let routers_before = routers_now().await;
 
     // An endless reading session; its output is read as it comes.
     let mut cmd = in_node_netns(&peers.venv, peers.dir.path(), "jmp");
@@ -1951,21 +1947,7 @@ async fn a_jmp_shell_session_outlives_a_router_rollout_and_a_certificate_renewal
         readings(n + 1).starts_with(&got),
         "the readings came back altered or with a gap"
     );
-    let routers_after: Vec<(String, i32)> = ready_routers()
-        .await
-        .iter()
-        .map(|p| {
-            let restarts = p
-                .status
-                .as_ref()
-                .unwrap()
-                .container_statuses
-                .as_ref()
-                .unwrap()[0]
-                .restart_count;
-            (p.name_any(), restarts)
-        })
-        .collect();
+    let routers_after = routers_now().await;
     assert_eq!(
         routers_after, routers_before,
         "the routers were restarted or replaced by the renewal"
@@ -1975,29 +1957,4 @@ async fn a_jmp_shell_session_outlives_a_router_rollout_and_a_certificate_renewal
         .delete("ucm-router-tls-e2e", &DeleteParams::default())
         .await;
     peers.finish().await;
-}
-
-/// Puts the router Deployment back to `revision` (before the test's patch) when dropped.
-struct RouterRolledBack(String);
-
-impl Drop for RouterRolledBack {
-    fn drop(&mut self) {
-        let to = format!("--to-revision={}", self.0);
-        for args in [
-            &["rollout", "undo", "deployment/ucm-router", &to][..],
-            &[
-                "rollout",
-                "status",
-                "deployment/ucm-router",
-                "--timeout=180s",
-            ],
-        ] {
-            let _ = Command::new(kubectl_bin())
-                .arg("--kubeconfig")
-                .arg(node_kubeconfig())
-                .args(["-n", NS])
-                .args(args)
-                .status();
-        }
-    }
 }
