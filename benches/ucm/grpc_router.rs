@@ -206,7 +206,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
 
     // 1. A rollout: sessions on A, A drains, new sessions on B.
     let sessions = ctx.scale.grpc_exporters.clamp(20, 200);
-    let mut a = start(ctx, "a", &cert, &key).await;
+    let a = start(ctx, "a", &cert, &key).await;
     let b = start(ctx, "b", &cert, &key).await;
     let (cha, chb) = (channel(a.port, &ca).await, channel(b.port, &ca).await);
     // Each session streams 1 KiB every 20 ms for about 6 s: across the SIGTERM at 2 s.
@@ -260,7 +260,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             .await
             .expect("a throughput session");
         let secs = t0.elapsed().as_secs_f64();
-        router_rates.push(bytes as f64 / secs / (1 << 20) as f64);
+        router_rates.push(bytes as f64 / secs / 1_048_576.0);
         router_cpu.push(b.proc.cpu() - cpu0);
 
         let (addr, cpu) = tcp_relay();
@@ -285,12 +285,12 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         }
         writer.await.unwrap();
         let secs = t0.elapsed().as_secs_f64();
-        relay_rates.push(bytes as f64 / secs / (1 << 20) as f64);
+        relay_rates.push(bytes as f64 / secs / 1_048_576.0);
         relay_cpu.push(cpu() - c0);
     }
 
     // 3. Memory per carried session: idle pairs on B.
-    let idle = 500;
+    let idle: u32 = 500;
     let rss0 = b.proc.rss();
     let key_ = RouterKey::new(KEY.to_vec()).unwrap();
     let mut held = Vec::new();
@@ -300,7 +300,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         held.push(side(&chb, &tok).await);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let per_session = (b.proc.rss().saturating_sub(rss0)) as f64 / idle as f64 / 1024.0;
+    let per_session = (b.proc.rss().saturating_sub(rss0)) as f64 / f64::from(idle) / 1024.0;
     drop(held);
     let mut b = b;
     b.proc.stop("TERM");

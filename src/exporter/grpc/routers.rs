@@ -192,7 +192,9 @@ mod tests {
         })))
         .clone();
         w.apply_watcher_event(&watcher::Event::Apply(s.clone()));
-        let picks: Vec<String> = (0..4).map(|_| pods.choose(&none, &labels).unwrap()).collect();
+        let picks: Vec<String> = (0..4)
+            .map(|_| pods.choose(&none, &labels).unwrap())
+            .collect();
         assert_eq!(picks.iter().filter(|p| *p == "10.0.0.2:8083").count(), 2);
         assert_eq!(picks.iter().filter(|p| *p == "10.0.0.3:8083").count(), 2);
         // One drains: only the other is named.
@@ -204,6 +206,9 @@ mod tests {
         }
         let entries: BTreeMap<String, RouterEntry> =
             serde_json::from_value(json!({"default": {"endpoint": "router.example:443"}})).unwrap();
-        assert_eq!(pods.choose(&entries, &labels).unwrap(), "router.example:443");
+        assert_eq!(
+            pods.choose(&entries, &labels).unwrap(),
+            "router.example:443"
+        );
     }
 }

@@ -100,7 +100,7 @@ impl Reloading {
                 Ok(Some(true)) => info!("router certificate reloaded: new handshakes get it"),
                 Ok(_) => {}
                 Err(e) => {
-                    warn!(error = %e, "router certificate not reloaded; the current one stays")
+                    warn!(error = %e, "router certificate not reloaded; the current one stays");
                 }
             }
         }
