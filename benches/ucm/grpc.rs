@@ -5,7 +5,7 @@
 //! manager's API writes are counted from the audit log over whole-minute windows. Then some
 //! exporters are killed (connection dropped without Unregister) and the time until their Exporter
 //! shows Online=False is measured. Then the same plane on one and two replicas
-//! (`grpc_replicas`).
+//! (`grpc_replicas`), and the router (`grpc_router`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -289,6 +289,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     m.stop("TERM");
     delete_namespace(&c, NS, Duration::from_secs(300)).await;
     let replicas = crate::grpc_replicas::run(ctx).await;
+    let router = crate::grpc_router::run(ctx).await;
 
     let mut figures = vec![
         Figure::new(PHASE, "grpc.writes_per_exporter_minute", &format!("API writes per online exporter per minute, {n} simulated exporters holding Status streams"), "writes/min", per_exporter)
@@ -311,5 +312,6 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             )),
     ];
     figures.extend(replicas);
+    figures.extend(router);
     figures
 }

@@ -20,6 +20,7 @@ mod export;
 mod failover;
 mod grpc;
 mod grpc_replicas;
+mod grpc_router;
 mod kube_util;
 mod leases;
 mod objects;

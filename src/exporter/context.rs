@@ -140,6 +140,11 @@ pub struct Args {
     /// service; validated here).
     #[arg(long = "exporter-router-endpoint", default_value = "localhost:8083")]
     pub router_endpoint: String,
+    /// Service (in the manager's namespace) of the router Pods: a Dial names one that is ready,
+    /// by its Pod address, and never one that drains (docs/exporter.md, "Routers that drain").
+    /// The ConfigMap's `router` entries still win.
+    #[arg(long = "exporter-router-service", value_name = "NAME")]
+    pub router_service: Option<String>,
     /// Minimum spacing of heartbeat `lastSeen` writes (default T/3, at most T/2; gRPC service).
     #[arg(long = "exporter-heartbeat-interval")]
     pub heartbeat_interval: Option<String>,
@@ -166,6 +171,7 @@ pub struct Settings {
     /// For the gRPC service: where it listens, the default router, the heartbeat spacing.
     pub grpc_bind_address: crate::runtime::cli::BindAddress,
     pub router_endpoint: String,
+    pub router_service: Option<String>,
     pub heartbeat_interval: SignedDuration,
     /// The login service: where it listens and the namespace it advertises.
     pub login_bind_address: crate::runtime::cli::BindAddress,
@@ -245,6 +251,7 @@ impl Settings {
             login_namespace: args.login_namespace.clone().filter(|n| !n.is_empty()),
             grpc_bind_address,
             router_endpoint: args.router_endpoint.clone(),
+            router_service: args.router_service.clone().filter(|s| !s.is_empty()),
             heartbeat_interval,
             config: ControllerConfig::default(),
             status: StatusSettings {

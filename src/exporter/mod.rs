@@ -89,14 +89,22 @@ pub fn rbac() -> Vec<PolicyRule> {
 
 /// In the manager's namespace: the optional `jumpstarter-controller` ConfigMap (read by the
 /// gRPC service), and the pending dials every replica leaves and claims (ConfigMaps,
-/// docs/exporter.md, "Dial and Listen across replicas"). Its Secrets are covered by the
+/// docs/exporter.md, "Dial and Listen across replicas"), and the router Service's EndpointSlices
+/// (the ready routers a Dial names, "Routers that drain"). Its Secrets are covered by the
 /// cluster-wide Secret rule.
 pub fn namespaced_rbac() -> Vec<PolicyRule> {
-    vec![rule(
-        &[""],
-        &["configmaps"],
-        &["get", "list", "watch", "create", "delete"],
-    )]
+    vec![
+        rule(
+            &[""],
+            &["configmaps"],
+            &["get", "list", "watch", "create", "delete"],
+        ),
+        rule(
+            &["discovery.k8s.io"],
+            &["endpointslices"],
+            &["get", "list", "watch"],
+        ),
+    ]
 }
 
 pub static FEATURE: Feature = Feature {

@@ -85,8 +85,13 @@ pub fn endpoint_host(endpoint: &str) -> String {
 /// A self-signed certificate for the endpoint's host, plus `localhost` and 127.0.0.1 so local
 /// runs work with the default endpoints.
 pub fn self_signed(endpoint: &str) -> Result<CertPair, String> {
+    self_signed_with(endpoint, &[])
+}
+
+/// [`self_signed`] with more names: a router's Pod address (docs/exporter.md, "The router").
+pub fn self_signed_with(endpoint: &str, more: &[&str]) -> Result<CertPair, String> {
     let mut names = vec![endpoint_host(endpoint)];
-    for extra in ["localhost", "127.0.0.1"] {
+    for extra in more.iter().copied().chain(["localhost", "127.0.0.1"]) {
         if !names.iter().any(|n| n == extra) {
             names.push(extra.into());
         }

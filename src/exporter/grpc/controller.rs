@@ -21,9 +21,9 @@ use tracing::{debug, info, warn};
 use super::auth::{self, Caller, Kind};
 use super::dials::{Dials, PendingDial};
 use super::heartbeat::{self, Liveness};
+use super::routers::Routers;
 use crate::conditions;
 use crate::exporter::auth::Authn;
-use crate::exporter::config;
 use crate::exporter::context::Context;
 use crate::exporter::crd::{Device, Exporter, ExporterStatus, ExporterStatusValue, Lease};
 use crate::exporter::decide::exporter::{derive_conditions, is_derived, transition_events};
@@ -43,7 +43,7 @@ pub struct Controller {
     pub ctx: Arc<Context>,
     pub watched: Option<String>,
     pub router_key: RouterKey,
-    pub router_endpoint: String,
+    pub routers: Arc<Routers>,
     pub authn: Arc<Authn>,
     /// This replica's Listen streams and the pending dials of every replica (docs/exporter.md,
     /// "Dial and Listen across replicas").
@@ -89,7 +89,7 @@ impl Controller {
         ctx: Arc<Context>,
         watched: Option<String>,
         router_key: RouterKey,
-        router_endpoint: String,
+        routers: Arc<Routers>,
         authn: Arc<Authn>,
         dials: Arc<Dials>,
     ) -> Self {
@@ -97,7 +97,7 @@ impl Controller {
             ctx,
             watched,
             router_key,
-            router_endpoint,
+            routers,
             authn,
             dials,
             stop: tokio_util::sync::CancellationToken::new(),
@@ -731,10 +731,9 @@ impl pb::controller_service_server::ControllerService for Arc<Controller> {
             .ok_or_else(|| Status::failed_precondition("lease has no exporter yet"))?
             .to_string();
         let exp = self.dial_gate(&caller.namespace, &exporter).await?;
-        let router_endpoint =
-            config::choose_router(&self.ctx.settings.config.routers, exp.labels())
-                .unwrap_or(&self.router_endpoint)
-                .to_string();
+        let router_endpoint = self
+            .routers
+            .choose(&self.ctx.settings.config.routers, exp.labels())?;
         let claims = router_token::claims(Timestamp::now());
         let token = router_token::sign(&self.router_key, &claims);
         // An exporter opens Listen only once its Status stream shows the lease, so a Dial may

@@ -31,6 +31,7 @@ pub mod controller;
 pub mod dials;
 pub mod heartbeat;
 pub mod lease_pb;
+pub mod routers;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -172,11 +173,17 @@ async fn serve(
         router_key.clone(),
         ctx.metrics.clone(),
     );
+    let routers = routers::Routers::new(
+        ctx.client.clone(),
+        &rt.config.manager_namespace,
+        ctx.settings.router_endpoint.clone(),
+        ctx.settings.router_service.clone(),
+    );
     let svc = Arc::new(Controller::new(
         ctx.clone(),
         rt.config.watch_namespace.clone(),
         router_key,
-        ctx.settings.router_endpoint.clone(),
+        routers.clone(),
         authn.clone(),
         dials.clone(),
     ));
@@ -198,6 +205,7 @@ async fn serve(
     info!(%addr, endpoint = %ctx.settings.status.endpoint, "exporter gRPC server listening");
     let watch_stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(dials.run(watch_stop.clone()));
+    tokio::spawn(routers.run(watch_stop.clone()));
     let _watch_stop = watch_stop.drop_guard();
     rt.health.set(READY_CHECK, Ok(()));
     let stop = svc.stop.clone();
