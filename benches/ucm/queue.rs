@@ -21,7 +21,7 @@ use kube::api::PostParams;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use ucm::exporter::crd::{Client, Exporter, ExporterAccessPolicy, Lease};
-use ucm::exporter::lease::queue::QueueKey;
+use ucm::exporter::decide::lease::queue::QueueKey;
 
 use crate::Ctx;
 use crate::bulk::manager_args;

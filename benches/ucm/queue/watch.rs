@@ -13,7 +13,7 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use ucm::exporter::crd::{Lease, LeaseStatus};
-use ucm::exporter::lease::queue::QueueKey;
+use ucm::exporter::decide::lease::queue::QueueKey;
 
 use crate::steps::LABEL;
 

@@ -22,7 +22,7 @@ use crate::exporter::auth::Authn;
 use crate::exporter::auth::token;
 use crate::exporter::context::Context;
 use crate::exporter::crd::{Client, Exporter, Lease};
-use crate::exporter::lease::assign::ENDED_LABEL;
+use crate::exporter::decide::lease::ENDED_LABEL;
 use crate::exporter::proto::jumpstarter::client::v1 as cpb;
 use crate::runtime::WriteError;
 use crate::runtime::writer::status_merge_patch;
