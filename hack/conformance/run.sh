@@ -253,6 +253,7 @@ EXTERNAL_CERT_PEM=$cert EXTERNAL_KEY_PEM=$key CA_BUNDLE_PEM=$(cat "$pki/ca.pem")
 pids+=($!)
 EXTERNAL_CERT_PEM=$cert EXTERNAL_KEY_PEM=$key \
   "$UCM_CONF_UCM" router --namespace "$ns" --bind-address=127.0.0.1:8083 --endpoint="$router_ep" \
+  --health-probe-bind-address=127.0.0.1:8087 \
   --log-format=json >"$logs/router.log" 2>&1 &
 pids+=($!)
 wait_for "ucm manager" 120 curl -sf http://127.0.0.1:8081/readyz

@@ -64,7 +64,8 @@ done
 cert=$(secret ucm-exporter-grpc-tls 'tls\.crt')
 # The router serves the controller's certificate, so the one CA in the configs covers both.
 EXTERNAL_CERT_PEM=$cert EXTERNAL_KEY_PEM=$(secret ucm-exporter-grpc-tls 'tls\.key') KUBECONFIG=$kubeconfig \
-  "$ucm" router --bind-address=:8083 --endpoint=localhost:8083 --namespace default >.run/router.log 2>&1 &
+  "$ucm" router --bind-address=:8083 --endpoint=localhost:8083 --namespace default \
+    --health-probe-bind-address=127.0.0.1:8087 >.run/router.log 2>&1 &
 router=$!
 jdir=.run/jumpstarter
 jmp_configs "$jdir" localhost:8082 "$cert" "$(secret dev-client token)" "$(secret demo-exporter token)"

@@ -327,6 +327,7 @@ async fn secrets_never_reach_logs_events_or_status() {
     cmd.arg("router")
         .arg(format!("--bind-address=127.0.0.1:{router_port}"))
         .arg(format!("--namespace={ns}"))
+        .arg("--health-probe-bind-address=0")
         .arg("--log-level=trace")
         .env_remove("RUST_LOG")
         .env_remove("ROUTER_KEY")

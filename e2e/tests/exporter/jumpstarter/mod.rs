@@ -130,6 +130,8 @@ fn start_router(
         format!("--bind-address=127.0.0.1:{port}"),
         format!("--endpoint=localhost:{port}"),
         format!("--namespace={}", env.ns),
+        // No probe server: tests run several routers and managers side by side.
+        "--health-probe-bind-address=0".into(),
         "--log-level=info,ucm=debug".into(),
     ])
     .env("KUBECONFIG", &env.kubeconfig)

@@ -889,6 +889,8 @@ const SERVED_ELSEWHERE: &[(&str, &str)] = &[
         "ucm snapshot-agent",
     ),
     ("ucm_snapshot_cut_seconds_bucket", "ucm snapshot-agent"),
+    ("ucm_snapshot_io_pause_seconds_count", "ucm snapshot-agent"),
+    ("ucm_snapshot_io_pause_seconds_bucket", "ucm snapshot-agent"),
     ("ucm_export_server_bytes_served_total", "ucm export-server"),
 ];
 
