@@ -1173,6 +1173,22 @@ impl NodeJmp {
         self.power_read_with(None, lease).await
     }
 
+    /// `power_read` back to back until `stop`: how many succeeded, and the failures' output.
+    async fn power_reads_until(
+        &self,
+        lease: &str,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> (usize, Vec<String>) {
+        let (mut ok, mut failed) = (0, Vec::new());
+        while !stop.is_cancelled() {
+            match self.power_read(lease).await {
+                Ok(()) => ok += 1,
+                Err(out) => failed.push(out),
+            }
+        }
+        (ok, failed)
+    }
+
     /// The same with the controller's Service name resolving to one replica's Pod address
     /// (an /etc/hosts of the jmp process's own): the certificate still matches the name.
     async fn power_read_via(&self, pod_ip: &str, lease: &str) -> Result<(), String> {
@@ -1351,20 +1367,7 @@ async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
 
     // 1. Rolling restart, with invocations back to back and the exporter watched throughout.
     let stop = tokio_util::sync::CancellationToken::new();
-    let calls = {
-        let stop = stop.clone();
-        let (peers, lease) = (&peers, lease.clone());
-        async move {
-            let (mut ok, mut failed) = (0, Vec::new());
-            while !stop.is_cancelled() {
-                match peers.power_read(&lease).await {
-                    Ok(()) => ok += 1,
-                    Err(out) => failed.push(out),
-                }
-            }
-            (ok, failed)
-        }
-    };
+    let calls = peers.power_reads_until(&lease, &stop);
     let watch = {
         let stop = stop.clone();
         let (exporters, lease) = (exporters.clone(), lease.clone());
@@ -1664,20 +1667,7 @@ async fn a_jmp_shell_session_outlives_a_router_rollout_and_a_certificate_renewal
         }
     };
     let stop = tokio_util::sync::CancellationToken::new();
-    let calls = {
-        let stop = stop.clone();
-        let (peers, lease) = (&peers, lease.clone());
-        async move {
-            let (mut ok, mut failed) = (0, Vec::new());
-            while !stop.is_cancelled() {
-                match peers.power_read(&lease).await {
-                    Ok(()) => ok += 1,
-                    Err(out) => failed.push(out),
-                }
-            }
-            (ok, failed)
-        }
-    };
+    let calls = peers.power_reads_until(&lease, &stop);
     let before: Vec<String> = router_pods(&pods)
         .await
         .iter()
