@@ -42,6 +42,13 @@ if ((rounds > 0)); then
     bare_round "$i"
   done
   python3 "$here/verify.py" summary "$results" | tee "$SL_CACHE/last-figures.json"
+  result "pause figures" "$(python3 -c '
+import json, sys
+f = json.load(open(sys.argv[1]))
+u, b = f["ucm"], f["bare"]
+print("%d rounds: writer stall median %.2f s / p99 %.2f s (bare sequence: %.2f / %.2f s)" % (
+    u["rounds"], u["writer_stall_ms"]["median"] / 1000, u["writer_stall_ms"]["p99"] / 1000,
+    b["writer_stall_ms"]["median"] / 1000, b["writer_stall_ms"]["p99"] / 1000))' "$SL_CACHE/last-figures.json")"
 fi
 # Into bench/results.json (phase storage) from 20 rounds on; `make bench`'s report renders
 # bench/results.md.

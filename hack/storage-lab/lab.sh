@@ -30,6 +30,8 @@ UCM=${UCM:-${CARGO_TARGET_DIR:-$root/target}/debug/ucm}
 KUBECTL=$root/e2e/bin/kubectl
 start=$(date +%s)
 log() { echo "storage-lab [$(($(date +%s) - start))s]: $*" >&2; }
+# result SCENARIO TEXT: one line of the per-scenario results printed at the end (and logged now).
+result() { log "RESULT $1: $2"; printf '%-22s %s\n' "$1" "$2" >>"${work:-/tmp}/summary"; }
 die() { echo "storage-lab: FAILED: $*" >&2; exit 1; }
 [[ -x $UCM ]] || die "no ucm binary at $UCM (cargo build first)"
 [[ -x $root/e2e/bin/kharness && -x $KUBECTL ]] || die "no e2e/bin/kharness or kubectl (make cluster)"
@@ -40,7 +42,12 @@ work=$(mktemp -d /tmp/storage-lab-XXXXXX)
 guests=()
 cleanup() {
   local rc=$?
-  for pid in "${qemu_pids[@]:-}"; do [[ -n $pid ]] && kill "$pid" 2>/dev/null || true; done
+  if [[ -s $work/summary ]]; then
+    echo "storage-lab: per-scenario results ($( ((rc == 0)) && echo passed || echo 'FAILED at the last') ; load: $(cut -d' ' -f1-3 /proc/loadavg)):" >&2
+    sed 's/^/  /' "$work/summary" >&2
+  fi
+  for pid in "${qemu_pids[@]:-}"; do [[ -n $pid ]] && kill -9 "$pid" 2>/dev/null || true; done
+  for pid in "${qemu_pids[@]:-}"; do [[ -n $pid ]] && wait "$pid" 2>/dev/null || true; done
   [[ -n ${manager_pid:-} ]] && kill "$manager_pid" 2>/dev/null || true
   if ((rc != 0)); then
     log "failed; logs kept in $work (console-*.log, manager.log, agent-*.log)"
@@ -104,6 +111,13 @@ boot lab-a 192.168.100.1 9 "$accel" 384 -netdev "socket,id=p,listen=127.0.0.1:$l
 sleep 0.5
 boot lab-b 192.168.100.2 9 "$accel" 384 -netdev "socket,id=p,connect=127.0.0.1:$link" -device virtio-net-pci,netdev=p
 for g in lab-a lab-b; do wait_ready "$g" 180 || die "guest $g did not boot"; done
+# The guests' clocks from the host's, as NTP would keep a node's: the manager compares the
+# agents' heartbeat stamps with its own clock (docs/snapshot.md, "Deadline, void and recovery").
+sync_clock() { # GUEST: sets it, prints the skew it had (guest - host, seconds)
+  local h g; h=$(date +%s.%N); g=$(rpc "$1" "/usr/bin/date +%s.%N; /usr/bin/date -s @$(date +%s.%N) >/dev/null") || return 1
+  python3 -c "print(round($g - $h, 3))"
+}
+for g in lab-a lab-b; do log "clock of $g was $(sync_clock "$g") s off the host's; set"; done
 log "guests lab-a and lab-b up ($(grep -aho 'version: [0-9.]*' "$work/console-lab-a.log" | head -1 | sed 's/version/DRBD/'))"
 
 # --- Storage in the guests: VG vg0 with a thin pool; vol1 = thin LV under DRBD resource vol1 on

@@ -32,14 +32,14 @@ check_round() {
     die "$snap ($vol) did not become readyToUse"; }
   local ready=$(date +%s.%N)
   sleep 2 # the legs lift right after Ready
-  local bytes=$drbd_bytes hashes=() g
+  local bytes=$drbd_bytes hashes=() g fsck=e2fsck
   [[ $vol == vol1 ]] || bytes=$(rpc "${legs[0]}" "blockdev --getsize64 /dev/vg0/$vol")
   for g in "${legs[@]}"; do
     local what=""; [[ $g == "${legs[0]}" ]] && what=records
     rpc "$g" ". guest-lib.sh; check_snap $snap $bytes $what" >"$work/check-$snap-$g.out" \
       || { cat "$work/check-$snap-$g.out" >&2; die "$snap: activating or reading the thin snapshot on $g failed"; }
     grep -q '^fsck=0$' "$work/check-$snap-$g.out" \
-      || { cat "$work/check-$snap-$g.out" >&2; die "$snap: e2fsck -fn of the snapshot on $g is not clean"; }
+      || { cat "$work/check-$snap-$g.out" >&2; die "$snap: $fsck -n of the snapshot on $g is not clean"; }
     hashes+=("$(sed -n 's/^hash=//p' "$work/check-$snap-$g.out")")
     [[ $(sed -n 's/^restored=//p' "$work/check-$snap-$g.out") == "${hashes[-1]}" ]] \
       || die "$snap: the volume restored from $g's snapshot differs from it"
@@ -67,12 +67,15 @@ check_round() {
   python3 -c "import sys; sys.exit(0 if float('$last') > float('$lifted') + 1 else 1)" \
     || die "$snap: the writer on $vol has not acknowledged a record since the barrier came down (frozen?)"
   echo "{\"snapshot\":\"$snap\",\"volume\":\"$vol\",\"ready_s\":$(python3 -c "print(round($ready-$t0,3))"),\"hash\":\"${hashes[0]:0:16}\",\"check\":$v,\"timings\":$times}" >>"$results"
-  log "$snap ($vol, legs ${legs[*]}): Ready in $(python3 -c "print(round($ready-$t0,1))")s; hashes equal, fsck clean; $(echo "$v" | python3 -c 'import json,sys; c=json.load(sys.stdin); print("%s records, gap-free, every ack before the raise kept; writer stall %ss" % (c["records"], c["writer_stall_s"]))')"
+  last_summary="Ready in $(python3 -c "print(round($ready-$t0,1))")s; hashes equal, $fsck clean; $(echo "$v" | python3 -c 'import json,sys; c=json.load(sys.stdin); print("%s records, gap-free, every ack before the raise kept; writer stall %ss" % (c["records"], c["writer_stall_s"]))')"
+  log "$snap ($vol, legs ${legs[*]}): $last_summary"
   k delete miroirsnapshot "$snap" --wait=false >/dev/null
 }
 
 round vol1 ci-replicated lab-a lab-b
+result "replicated round" "vol1, DRBD 9 + lvmthin, ext4: $last_summary"
 round vol2 ci-unreplicated lab-a
+result "unreplicated round" "vol2, lvmthin, ext4: $last_summary"
 if [[ $mode == ci ]]; then
   log "CI subset passed: one replicated round (DRBD $drbd_version, 2 legs) and one unreplicated round"
   exit 0
