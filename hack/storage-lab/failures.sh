@@ -77,4 +77,35 @@ rpc lab-b ". guest-lib.sh; vgchange -q -ay vg0 >/dev/null && mkdir -p /etc/drbd.
 check_round vol1 power-off lab-a lab-b
 result "power-off: recut" "$last_summary"
 
-log "failure paths passed: no leg left suspended or frozen, both rounds recut and checked"
+# 3. SIGKILL of the manager while the legs are suspended. The agents need no manager to finish a
+# round (resume before publish) nor to lift at the deadline: past the round's deadline nothing
+# may be suspended or frozen. The manager restarted continues from status: the complete round
+# is published (row 7), or an incomplete one voided and recut.
+log "failure path: SIGKILL of the manager mid-round"
+snapshot mgr-kill vol1
+until_log lab-a mgr-kill "barrier raised"
+kill -9 "$manager_pid"; wait "$manager_pid" 2>/dev/null || true
+t_kill=$(date +%s.%N)
+log "manager killed with lab-a's barrier up"
+for g in lab-a lab-b; do until_log "$g" mgr-kill "barrier lifted"; done
+lifted_after=$(python3 -c "import time; print(round(time.time() - $t_kill, 1))")
+sa=$(k get miroirsnapshot mgr-kill -o jsonpath='{.status.suspendedAt}')
+open=$(k get miroirsnapshot mgr-kill -o jsonpath='{.status.ioSuspended}')
+wait_s=$(python3 -c "
+import datetime, time
+d = datetime.datetime.fromisoformat('$sa'.replace('Z', '+00:00')).timestamp() + 60 + 3
+print(max(0, int(d - time.time()) + 1))")
+log "both legs lifted ${lifted_after}s after the kill (ioSuspended still $open: no manager); checking again past the deadline in ${wait_s}s"
+sleep "$wait_s"
+for g in lab-a lab-b; do
+  not_suspended "$g" 1
+  rpc "$g" "! grep -q mgr-kill /run/ucm-snapshot-agent/journal.json 2>/dev/null" \
+    || die "$g's journal still holds a barrier of mgr-kill past the deadline: $(rpc "$g" 'cat /run/ucm-snapshot-agent/journal.json')"
+done
+writer_moves "after the manager's SIGKILL, past the deadline (frozen?)"
+start_manager
+log "manager restarted"
+check_round vol1 mgr-kill lab-a lab-b
+raises=$(grep -c '"snapshot":"mgr-kill".*"message":"barrier raised"\|"message":"barrier raised".*"snapshot":"mgr-kill"' "$work/agent-lab-a.log" || true)
+result "manager SIGKILL" "legs lifted ${lifted_after}s after the kill with no manager (ioSuspended $open); past the deadline neither leg suspended (events2) nor in a journal, writer moving; the restarted manager $( ((raises > 1)) && echo "voided and recut it ($raises raises)" || echo "published the round the legs had completed"): $last_summary"
+log "failure paths passed: no leg left suspended or frozen, every round recut or published and checked"

@@ -147,10 +147,13 @@ for g in lab-a lab-b; do rpc "$g" ". guest-lib.sh; start_agent $g" >/dev/null ||
 mport=$(( 30000 + RANDOM % 10000 ))
 flags=()
 for f in exporter snapshot vmexport; do flags+=("--enable-$f=$([[ $f == snapshot ]] && echo true || echo false)"); done
-"$UCM" manager --kubeconfig="$kc" --namespace=default "${flags[@]}" --log-format=json \
-  --metrics-bind-address="127.0.0.1:$mport" --health-probe-bind-address="127.0.0.1:$((mport + 1))" \
-  >"$work/manager.log" 2>&1 &
-manager_pid=$!
+start_manager() { # appends to manager.log; a restart after a SIGKILL continues from status
+  "$UCM" manager --kubeconfig="$kc" --namespace=default "${flags[@]}" --log-format=json \
+    --metrics-bind-address="127.0.0.1:$mport" --health-probe-bind-address="127.0.0.1:$((mport + 1))" \
+    >>"$work/manager.log" 2>&1 &
+  manager_pid=$!
+}
+start_manager
 
 volume() { # NAME NODE...
   local name=$1; shift
