@@ -34,6 +34,15 @@ print(json.dumps({"kind": "bare", "snapshot": f"bare-{sys.argv[8]}", "volume": "
 PY
 }
 
+# The loopfile backend on XFS with reflink (vol3, unreplicated, no barrier: the cut is a
+# FICLONE of the volume file): each snapshot file byte-checked against a reflink copy, its
+# extents shared, its XFS replayed and `xfs_repair -n` clean, the records a checked prefix.
+log "loopfile volume on XFS with reflink: 3 rounds of vol3"
+for i in 1 2 3; do
+  round vol3 "xfs-$i" lab-a
+  result "loopfile-xfs round $i" "vol3, loopfile (reflink) on XFS, XFS inside: $last_summary"
+done
+
 # Alternated, so both see the same load on the host.
 if ((rounds > 0)); then
   log "pause figures: $rounds rounds of vol1 through ucm, each followed by the bare sequence"

@@ -71,6 +71,8 @@ cat > "$pay/pools.yaml" <<'P'
 pools:
   default: {backend: lvmthin, volumeGroup: vg0}
 P
+# The whole lab adds a loopfile pool on an XFS (reflink=1) thin LV on lab-a (vol3).
+[[ $mode == full ]] && echo "  loop: {backend: loopfile, base: /mnt/xfspool}" >>"$pay/pools.yaml"
 
 # --- Control plane on the host; the guests' kubeconfig points at 10.0.2.2. ---
 controlplane_up storage-lab
@@ -138,6 +140,16 @@ rpc lab-a ". guest-lib.sh; drbdadm new-current-uuid --clear-bitmap vol1/0 && drb
   mkfs.ext4 -q /dev/drbd0 && mkdir -p /mnt/vol1 && mount /dev/drbd0 /mnt/vol1 &&
   lvcreate -q -V 64M -T vg0/pool -n vol2 && mkfs.ext4 -q /dev/vg0/vol2 && mkdir -p /mnt/vol2 && mount /dev/vg0/vol2 /mnt/vol2" \
   >"$work/setup-primary.log" 2>&1 || { cat "$work/setup-primary.log" >&2; die "Primary setup"; }
+# vol3 (whole lab): the loopfile pool is an XFS with reflink on a thin LV; the volume is the
+# file volumes/vol3.img on it, loop-attached, with XFS of its own (mkfs.xfs's minimum: 300 MB).
+if [[ $mode == full ]]; then
+  rpc lab-a ". guest-lib.sh; lvcreate -q -V 1G -T vg0/pool -n xfspool && mkfs.xfs -q -m reflink=1 /dev/vg0/xfspool &&
+    mkdir -p /mnt/xfspool && mount /dev/vg0/xfspool /mnt/xfspool && mkdir -p /mnt/xfspool/volumes /mnt/xfspool/snapshots &&
+    truncate -s 320M /mnt/xfspool/volumes/vol3.img && losetup /dev/loop0 /mnt/xfspool/volumes/vol3.img &&
+    mkfs.xfs -q /dev/loop0 && mkdir -p /mnt/vol3 && mount /dev/loop0 /mnt/vol3" \
+    >"$work/setup-xfs.log" 2>&1 || { cat "$work/setup-xfs.log" >&2; die "loopfile-on-XFS setup"; }
+  log "vol3: loopfile volume (XFS) in an XFS pool with reflink=1 on lab-a"
+fi
 drbd_bytes=$(rpc lab-a "blockdev --getsize64 /dev/drbd0")
 drbd_version=$(rpc lab-a "head -1 /proc/drbd")
 log "DRBD $drbd_version: vol1 Primary on lab-a ($drbd_bytes bytes, ext4), vol2 unreplicated lvmthin (ext4)"
@@ -155,21 +167,25 @@ start_manager() { # appends to manager.log; a restart after a SIGKILL continues 
 }
 start_manager
 
-volume() { # NAME NODE...
+volume() { # NAME NODE...   (BACKEND/POOL from the environment: lvmthin in the default pool)
   local name=$1; shift
   local reps="" per=""
   for n in "$@"; do
-    reps+="${reps:+,}{\"node\":\"$n\",\"backend\":\"lvmthin\"}"
+    reps+="${reps:+,}{\"node\":\"$n\",\"backend\":\"${BACKEND:-lvmthin}\"${POOL:+,\"pool\":\"$POOL\"}}"
     per+="${per:+,}\"$n\":{\"deviceCreated\":true,\"diskState\":\"UpToDate\",\"splitBrain\":false}"
   done
   echo "{\"apiVersion\":\"miroir.home-operations.com/v1alpha1\",\"kind\":\"MiroirVolume\",\"metadata\":{\"name\":\"$name\"},
-        \"spec\":{\"sizeBytes\":134217728,\"replicas\":[$reps],\"drbd\":{\"port\":7789}}}" | k create -f - >/dev/null
+        \"spec\":{\"sizeBytes\":${SIZE:-134217728},\"replicas\":[$reps],\"drbd\":{\"port\":7789}}}" | k create -f - >/dev/null
   k patch miroirvolume "$name" --subresource=status --type=merge \
     -p "{\"status\":{\"formatted\":true,\"perNode\":{$per}}}" >/dev/null
 }
 volume vol1 lab-a lab-b
 volume vol2 lab-a
 rpc lab-a ". guest-lib.sh; start_writer /mnt/vol1 vol1; start_writer /mnt/vol2 vol2" >/dev/null || die "writer start"
+if [[ $mode == full ]]; then
+  BACKEND=loopfile POOL=loop SIZE=335544320 volume vol3 lab-a
+  rpc lab-a ". guest-lib.sh; start_writer /mnt/vol3 vol3" >/dev/null || die "writer start (vol3)"
+fi
 
 # Wait for both agents' heartbeats (their Leases) before the first round.
 for i in $(seq 120); do

@@ -33,11 +33,27 @@ check_round() {
   local ready=$(date +%s.%N)
   sleep 2 # the legs lift right after Ready
   local bytes=$drbd_bytes hashes=() g fsck=e2fsck
-  [[ $vol == vol1 ]] || bytes=$(rpc "${legs[0]}" "blockdev --getsize64 /dev/vg0/$vol")
+  [[ $vol == vol2 ]] && bytes=$(rpc "${legs[0]}" "blockdev --getsize64 /dev/vg0/$vol")
   for g in "${legs[@]}"; do
     local what=""; [[ $g == "${legs[0]}" ]] && what=records
-    rpc "$g" ". guest-lib.sh; check_snap $snap $bytes $what" >"$work/check-$snap-$g.out" \
-      || { cat "$work/check-$snap-$g.out" >&2; die "$snap: activating or reading the thin snapshot on $g failed"; }
+    if [[ $vol == vol3 ]]; then # the loopfile backend's snapshot file on XFS
+      fsck=xfs_repair
+      rpc "$g" ". guest-lib.sh; check_loop_snap $snap" >"$work/check-$snap-$g.out" \
+        || { cat "$work/check-$snap-$g.out" >&2; die "$snap: reading the snapshot file on $g failed"; }
+      local shared
+      shared=$(sed -n '/^fiemap-begin$/,/^fiemap-end$/p' "$work/check-$snap-$g.out" | python3 -c '
+import sys
+n = 0
+for l in sys.stdin:
+    f = l.split()
+    if len(f) >= 5 and f[0].rstrip(":").isdigit() and f[-1].startswith("0x"):
+        n += bool(int(f[-1], 16) & 0x2000)  # FIEMAP_EXTENT_SHARED
+print(n)')
+      ((shared > 0)) || { cat "$work/check-$snap-$g.out" >&2; die "$snap: the snapshot file shares no extent with the volume (not a reflink)"; }
+    else
+      rpc "$g" ". guest-lib.sh; check_snap $snap $bytes $what" >"$work/check-$snap-$g.out" \
+        || { cat "$work/check-$snap-$g.out" >&2; die "$snap: activating or reading the thin snapshot on $g failed"; }
+    fi
     grep -q '^fsck=0$' "$work/check-$snap-$g.out" \
       || { cat "$work/check-$snap-$g.out" >&2; die "$snap: $fsck -n of the snapshot on $g is not clean"; }
     hashes+=("$(sed -n 's/^hash=//p' "$work/check-$snap-$g.out")")
