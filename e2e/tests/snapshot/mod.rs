@@ -547,17 +547,18 @@ async fn silent_agent_voids_the_round_and_the_next_round_succeeds() {
         "voided {late:?} after opening"
     );
     // IO is resumed on every node that suspended.
+    // The fake kernel's state changes before its event log line: wait for both.
     for n in ["a", "b"] {
+        let last = if n == "a" { "thaw" } else { "resume" };
         eventually(
             TIMEOUT,
-            &format!("node {n} to lift its barrier"),
-            || async { rig.kernel_clear(n) },
+            &format!("node {n} to lift its barrier, ending in {last}"),
+            || async {
+                rig.kernel_clear(n)
+                    && kinds(&rig.events(n), &vol).last().map(String::as_str) == Some(last)
+            },
         )
         .await;
-        assert_eq!(
-            kinds(&rig.events(n), &vol).last().map(String::as_str),
-            Some(if n == "a" { "thaw" } else { "resume" })
-        );
     }
 
     // The manager reopens after the backoff; a late Done for the voided round is refused.
@@ -667,6 +668,15 @@ async fn tie_breaker_never_gates_and_rounds_never_overlap() {
         )));
     }
     for n in ["a", "b"] {
+        // Legs lift once every diskful slot is Done, which may be just after the publish.
+        eventually(TIMEOUT, &format!("node {n} to lift twice"), || async {
+            kinds(&rig.events(n), &vol)
+                .iter()
+                .filter(|e| *e == "resume")
+                .count()
+                >= 2
+        })
+        .await;
         let evs = kinds(&rig.events(n), &vol);
         let barrier: Vec<&str> = evs
             .iter()
