@@ -43,6 +43,8 @@ for i in 1 2 3; do
   result "loopfile-xfs round $i" "vol3, loopfile (reflink) on XFS, XFS inside: $last_summary"
 done
 
+. "$here/diskless.sh"
+
 # Alternated, so both see the same load on the host.
 if ((rounds > 0)); then
   log "pause figures: $rounds rounds of vol1 through ucm, each followed by the bare sequence"
