@@ -234,17 +234,24 @@ fn silent_at(o: &Observed<'_>, s: &Settings, node: &str, stamp: Timestamp) -> Op
     Some(after(from, s.round_stale_after))
 }
 
-/// Gate 4b: after a void stamped `voided`, a diskful leg whose agent has not renewed since
-/// `voided` - K (it was silent when the round ended, or never beat) keeps the next round shut
-/// until it beats again: reopening would suspend the live legs for K once more.
-fn silent_since_void(o: &Observed<'_>, s: &Settings, node: &str, voided: Timestamp) -> bool {
-    if s.round_stale_after.is_zero() {
-        return false;
-    }
-    let since = voided
-        .checked_sub(jiff::SignedDuration::try_from(s.round_stale_after).unwrap_or_default())
-        .unwrap_or(voided);
-    o.heartbeats.get(node).is_none_or(|b| *b < since)
+/// Gate 4b: after a void for a silent leg (row 8a; the `Ready` reason it wrote, `AgentSilent`,
+/// stays until the next open), a diskful leg whose agent has not renewed since the void keeps
+/// the next round shut until it beats: reopening with a dead leg would suspend the live ones for
+/// K once more. A live agent renews within the backoff B (30 s, more than the 20 s heartbeat
+/// interval); the silent one last beat at least K before the void. Not `voided - K`: the stamp
+/// is cut to whole seconds, so a leg whose last beat fell in the second before the open could
+/// pass that and be voided a second time (the e2e test did). Voids for other causes keep the
+/// old behaviour: the next round opens after B.
+fn silent_since_void(o: &Observed<'_>, node: &str, voided: Timestamp) -> bool {
+    o.heartbeats.get(node).is_none_or(|b| *b < voided)
+}
+
+/// The last void was for a silent leg: its `AgentSilent` reason is still the `Ready` condition.
+fn voided_as_silent(snap: &MiroirSnapshot) -> bool {
+    snap.status.as_ref().is_some_and(|st| {
+        crate::conditions::find(&st.conditions, super::types::READY)
+            .is_some_and(|c| c.reason == reason::AGENT_SILENT)
+    })
 }
 
 fn stale_message(o: &Observed<'_>, node: &str) -> String {
@@ -567,16 +574,14 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
         );
     }
     if let Some(voided) = stamp
-        && let Some(dead) = diskful.iter().find(|n| silent_since_void(o, s, n, voided))
+        && voided_as_silent(snap)
+        && let Some(dead) = diskful.iter().find(|n| silent_since_void(o, n, voided))
     {
         let msg = format!(
-            "{dead}: its snapshot agent was silent when the last round ended ({}), so the round waits for its next heartbeat; is ucm snapshot-agent running there?",
+            "{dead}: no snapshot agent heartbeat since the round was voided for its silence ({}); the next round waits for one; is ucm snapshot-agent running there?",
             clock(voided)
         );
-        return Decision::wait(
-            Some(Ready::new(false, reason::WAITING_FOR_REPLICAS, msg)),
-            None,
-        );
+        return Decision::wait(Some(Ready::new(false, reason::AGENT_SILENT, msg)), None);
     }
     if let Some(msg) = replica_health(volume, &diskful) {
         return Decision::wait(
@@ -1223,9 +1228,10 @@ mod tests {
 
     #[test]
     fn gate4b_after_a_void_a_silent_leg_must_beat_again() {
-        // Voided at 0 with c silent (its last beat at -20); the backoff is over at 30, and c's
-        // beat is younger than --snapshot-agent-stale-after, yet reopening would suspend a and
-        // b for another K: wait for c's next beat.
+        // Voided at 0 with c silent (its last beat at -8, in the second before the open at -9:
+        // stamps are whole seconds); the backoff is over at 30, and c's beat is younger than
+        // --snapshot-agent-stale-after, yet reopening would suspend a and b for another K: wait
+        // for c's next beat.
         let s = with_round(
             snap(),
             false,
@@ -1233,18 +1239,29 @@ mod tests {
             &[("a", Pending), ("b", Pending), ("c", Pending)],
         );
         let mut c = Case::new(s, at(30));
-        c.heartbeats.insert("c".into(), at(-20));
+        c.heartbeats.insert("c".into(), at(-8));
+        // After a void for another cause (here: none recorded), the round reopens after B.
+        assert!(matches!(c.decide().step, Step::Open { .. }));
+        c.snap.status.as_mut().unwrap().conditions =
+            vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: crate::snapshot::types::READY.into(),
+                status: "False".into(),
+                reason: reason::AGENT_SILENT.into(),
+                message: "c: no snapshot agent heartbeat for 18s during the round".into(),
+                observed_generation: None,
+                last_transition_time: crate::conditions::now(),
+            }];
         let d = c.decide();
         assert_eq!(d.step, Step::Wait);
         let r = d.ready.unwrap();
-        assert_eq!(r.reason, reason::WAITING_FOR_REPLICAS);
+        assert_eq!(r.reason, reason::AGENT_SILENT);
         assert_eq!(
             r.message,
-            "c: its snapshot agent was silent when the last round ended (10:00:00Z), so the round waits for its next heartbeat; is ucm snapshot-agent running there?"
+            "c: no snapshot agent heartbeat since the round was voided for its silence (10:00:00Z); the next round waits for one; is ucm snapshot-agent running there?"
         );
         assert_eq!(d.requeue_at, None, "its heartbeat wakes the snapshot");
-        // A beat within K before the void is a live agent's (it beats fast during a round).
-        c.heartbeats.insert("c".into(), at(-10));
+        // Any beat since the void opens it (a live agent beats within the backoff).
+        c.heartbeats.insert("c".into(), at(0));
         assert!(matches!(c.decide().step, Step::Open { .. }));
         c.heartbeats.insert("c".into(), at(31));
         c.now = at(31);
