@@ -8,7 +8,24 @@ until_log() {
     rpc "$1" "grep '\"snapshot\":\"$2\"' /tmp/agent.log | grep -q '\"message\":\"$3\"'" && return 0
     sleep 0.5
   done
+  rpc "$1" "grep '\"snapshot\":\"$2\"' /tmp/agent.log | tail -n 20" 2>/dev/null | sed "s/^/[$1 agent] /" >&2 || true
   die "the agent on $1 never logged \"$3\" for $2"
+}
+# both_raised SNAP: waits until both legs have raised their barrier for SNAP (polled tightly: the
+# kill must come before lab-b's cut, which waits for lab-a's slot and then runs lvcreate). A
+# lab-a raising after lab-b is gone would refuse (peer not connected) and never hold its writers,
+# which is not the case these paths are about.
+both_raised() {
+  local g n
+  for _ in $(seq 600); do
+    n=0
+    for g in lab-a lab-b; do
+      rpc "$g" "grep '\"snapshot\":\"$1\"' /tmp/agent.log | grep -q '\"message\":\"barrier raised\"'" && n=$((n + 1))
+    done
+    ((n == 2)) && return 0
+    sleep 0.1
+  done
+  die "the legs never both raised their barrier for $1"
 }
 not_suspended() { # GUEST WITHIN_SECONDS
   for _ in $(seq $(($2 * 2))); do
@@ -49,7 +66,7 @@ dead_leg() {
 # journal and lifts lab-b's barrier; the next round, held until lab-b beats again, recuts.
 log "failure path: SIGKILL of lab-b's agent mid-round"
 snapshot kill-agent vol1
-until_log lab-b kill-agent "barrier raised"
+both_raised kill-agent
 rpc lab-b 'kill -9 $(cat /tmp/agent.pid)' >/dev/null
 dead_leg kill-agent "$(date +%s.%N)" "agent SIGKILL"
 log "restarting lab-b's agent"
@@ -62,7 +79,7 @@ result "agent SIGKILL: recut" "$last_summary"
 # on; lab-b boots again from its disk, DRBD resyncs, the round recuts.
 log "failure path: lab-b powered off mid-round"
 snapshot power-off vol1
-until_log lab-b power-off "barrier raised"
+both_raised power-off
 kill -9 "$pid_lab_b"; wait "$pid_lab_b" 2>/dev/null || true
 dead_leg power-off "$(date +%s.%N)" "guest powered off"
 log "booting lab-b again"

@@ -368,6 +368,16 @@ async fn wait_a_and_b_suspended(rig: &Rig, snap: &str) -> MiroirSnapshot {
     .await
 }
 
+/// How long after the round stamped `first` the void re-stamped `suspendedAt`.
+fn voided_after(voided: &MiroirSnapshot, first: &str) -> jiff::SignedDuration {
+    let at = voided
+        .status
+        .as_ref()
+        .and_then(|st| st.suspended_at.as_deref());
+    let stamp = |s: &str| ucm::snapshot::round::parse_stamp(s).unwrap();
+    stamp(at.unwrap()).duration_since(stamp(first))
+}
+
 fn open_round(s: &MiroirSnapshot) -> Option<String> {
     let st = s.status.as_ref()?;
     (st.io_suspended == Some(true))
@@ -545,16 +555,7 @@ async fn silent_agent_voids_the_round_and_the_next_round_succeeds() {
     );
     assert!(msg.starts_with("barrier expired after 8s;"), "{msg}");
     // Voided at the deadline (the void re-stamps suspendedAt), not later.
-    let void_at = voided
-        .status
-        .as_ref()
-        .unwrap()
-        .suspended_at
-        .clone()
-        .unwrap();
-    let late = ucm::snapshot::round::parse_stamp(&void_at)
-        .unwrap()
-        .duration_since(ucm::snapshot::round::parse_stamp(&first).unwrap());
+    let late = voided_after(&voided, &first);
     assert!(
         late >= jiff::SignedDuration::from_secs(8) && late <= jiff::SignedDuration::from_secs(10),
         "voided {late:?} after opening"
@@ -677,16 +678,7 @@ async fn a_silent_leg_voids_the_round_before_the_deadline() {
         )),
         "{msg}"
     );
-    let void_at = voided
-        .status
-        .as_ref()
-        .unwrap()
-        .suspended_at
-        .clone()
-        .unwrap();
-    let after = ucm::snapshot::round::parse_stamp(&void_at)
-        .unwrap()
-        .duration_since(ucm::snapshot::round::parse_stamp(&first).unwrap());
+    let after = voided_after(&voided, &first);
     assert!(
         after < jiff::SignedDuration::from_secs(8),
         "voided {after:?} after opening: not before the 8 s deadline"
