@@ -145,6 +145,17 @@ fn check(d: &Decision, o: &Observed<'_>, s: &Settings) {
             assert!(suspended);
             match cause {
                 VoidCause::Failed => assert!(slots.values().any(|v| *v == SlotState::Error)),
+                VoidCause::Silent => {
+                    assert!(o.fresh, "voided on a cached read");
+                    assert!(!s.round_stale_after.is_zero());
+                    let k = jiff::SignedDuration::try_from(s.round_stale_after).unwrap();
+                    assert!(
+                        diskful.iter().any(|n| slots.get(n) != Some(&SlotState::Done)
+                            && o.heartbeats.get(n).is_none_or(|b| o.now >= *b + k)
+                            && prev.is_none_or(|p| o.now >= p + k)),
+                        "voided as silent with every pending leg beating"
+                    );
+                }
                 VoidCause::Expired => {
                     assert!(o.fresh, "voided on a cached read");
                     if let Some(p) = prev {
@@ -178,6 +189,7 @@ fuzz_target!(|inp: Input| {
         deadline: Duration::from_secs(1 + u64::from(inp.deadline % 120)),
         void_backoff: Duration::from_secs(1 + u64::from(inp.backoff % 60)),
         agent_stale_after: Duration::from_secs(1 + u64::from(inp.stale % 120)),
+        round_stale_after: Duration::from_secs(u64::from(inp.stale % 30)),
         agent_namespace: None,
     };
     let now = Timestamp::from_millisecond(T0 * 1000 + i64::from(inp.now_ms % 600_000)).unwrap();

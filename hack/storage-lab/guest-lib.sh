@@ -57,3 +57,23 @@ check_snap() {
   fi
   lvchange -q -an "$lv"
 }
+
+# check_loop_snap SNAP: the loopfile backend's snapshot of vol3 (BASE/snapshots/SNAP.img on the
+# XFS pool): its extent map (shared extents: a reflink, not a copy), its hash and that of a
+# reflink copy (what the backend's restore makes). The copy is mounted (XFS replays the log a
+# crash-consistent cut leaves) to print the writer's records, then checked with xfs_repair -n.
+check_loop_snap() {
+  f=/mnt/xfspool/snapshots/$1.img r=/mnt/xfspool/restore-$1.img
+  [ -f "$f" ] || { echo "no snapshot file $f"; return 1; }
+  echo "fiemap-begin"; xfs_io -r -c "fiemap -v" "$f"; echo "fiemap-end"
+  echo "hash=$(/usr/bin/sha256sum < "$f" | cut -d' ' -f1)"
+  /usr/bin/cp --reflink=always "$f" "$r" || return 1
+  echo "restored=$(/usr/bin/sha256sum < "$r" | cut -d' ' -f1)"
+  dev=$(/usr/sbin/losetup -f --show "$r") || return 1
+  mkdir -p /mnt/check && mount -t xfs -o nouuid "$dev" /mnt/check || { /usr/sbin/losetup -d "$dev"; return 1; }
+  echo "records-begin"; cat /mnt/check/records; echo "records-end"
+  umount /mnt/check
+  xfs_repair -n "$dev" >/tmp/fsck.out 2>&1; rc=$?
+  echo "fsck=$rc"; [ $rc = 0 ] || cat /tmp/fsck.out
+  /usr/sbin/losetup -d "$dev"; rm -f "$r"
+}

@@ -30,6 +30,8 @@ UCM=${UCM:-${CARGO_TARGET_DIR:-$root/target}/debug/ucm}
 KUBECTL=$root/e2e/bin/kubectl
 start=$(date +%s)
 log() { echo "storage-lab [$(($(date +%s) - start))s]: $*" >&2; }
+# result SCENARIO TEXT: one line of the per-scenario results printed at the end (and logged now).
+result() { log "RESULT $1: $2"; printf '%-22s %s\n' "$1" "$2" >>"${work:-/tmp}/summary"; }
 die() { echo "storage-lab: FAILED: $*" >&2; exit 1; }
 [[ -x $UCM ]] || die "no ucm binary at $UCM (cargo build first)"
 [[ -x $root/e2e/bin/kharness && -x $KUBECTL ]] || die "no e2e/bin/kharness or kubectl (make cluster)"
@@ -40,7 +42,12 @@ work=$(mktemp -d /tmp/storage-lab-XXXXXX)
 guests=()
 cleanup() {
   local rc=$?
-  for pid in "${qemu_pids[@]:-}"; do [[ -n $pid ]] && kill "$pid" 2>/dev/null || true; done
+  if [[ -s $work/summary ]]; then
+    echo "storage-lab: per-scenario results ($( ((rc == 0)) && echo passed || echo 'FAILED at the last') ; load: $(cut -d' ' -f1-3 /proc/loadavg)):" >&2
+    sed 's/^/  /' "$work/summary" >&2
+  fi
+  for pid in "${qemu_pids[@]:-}"; do [[ -n $pid ]] && kill -9 "$pid" 2>/dev/null || true; done
+  for pid in "${qemu_pids[@]:-}"; do [[ -n $pid ]] && wait "$pid" 2>/dev/null || true; done
   [[ -n ${manager_pid:-} ]] && kill "$manager_pid" 2>/dev/null || true
   if ((rc != 0)); then
     log "failed; logs kept in $work (console-*.log, manager.log, agent-*.log)"
@@ -64,6 +71,8 @@ cat > "$pay/pools.yaml" <<'P'
 pools:
   default: {backend: lvmthin, volumeGroup: vg0}
 P
+# The whole lab adds a loopfile pool on an XFS (reflink=1) thin LV on lab-a (vol3).
+[[ $mode == full ]] && echo "  loop: {backend: loopfile, base: /mnt/xfspool}" >>"$pay/pools.yaml"
 
 # --- Control plane on the host; the guests' kubeconfig points at 10.0.2.2. ---
 controlplane_up storage-lab
@@ -104,6 +113,13 @@ boot lab-a 192.168.100.1 9 "$accel" 384 -netdev "socket,id=p,listen=127.0.0.1:$l
 sleep 0.5
 boot lab-b 192.168.100.2 9 "$accel" 384 -netdev "socket,id=p,connect=127.0.0.1:$link" -device virtio-net-pci,netdev=p
 for g in lab-a lab-b; do wait_ready "$g" 180 || die "guest $g did not boot"; done
+# The guests' clocks from the host's, as NTP would keep a node's: the manager compares the
+# agents' heartbeat stamps with its own clock (docs/snapshot.md, "Deadline, void and recovery").
+sync_clock() { # GUEST: sets it, prints the skew it had (guest - host, seconds)
+  local h g; h=$(date +%s.%N); g=$(rpc "$1" "/usr/bin/date +%s.%N; /usr/bin/date -s @$(date +%s.%N) >/dev/null") || return 1
+  python3 -c "print(round($g - $h, 3))"
+}
+for g in lab-a lab-b; do log "clock of $g was $(sync_clock "$g") s off the host's; set"; done
 log "guests lab-a and lab-b up ($(grep -aho 'version: [0-9.]*' "$work/console-lab-a.log" | head -1 | sed 's/version/DRBD/'))"
 
 # --- Storage in the guests: VG vg0 with a thin pool; vol1 = thin LV under DRBD resource vol1 on
@@ -124,6 +140,16 @@ rpc lab-a ". guest-lib.sh; drbdadm new-current-uuid --clear-bitmap vol1/0 && drb
   mkfs.ext4 -q /dev/drbd0 && mkdir -p /mnt/vol1 && mount /dev/drbd0 /mnt/vol1 &&
   lvcreate -q -V 64M -T vg0/pool -n vol2 && mkfs.ext4 -q /dev/vg0/vol2 && mkdir -p /mnt/vol2 && mount /dev/vg0/vol2 /mnt/vol2" \
   >"$work/setup-primary.log" 2>&1 || { cat "$work/setup-primary.log" >&2; die "Primary setup"; }
+# vol3 (whole lab): the loopfile pool is an XFS with reflink on a thin LV; the volume is the
+# file volumes/vol3.img on it, loop-attached, with XFS of its own (mkfs.xfs's minimum: 300 MB).
+if [[ $mode == full ]]; then
+  rpc lab-a ". guest-lib.sh; lvcreate -q -V 1G -T vg0/pool -n xfspool && mkfs.xfs -q -m reflink=1 /dev/vg0/xfspool &&
+    mkdir -p /mnt/xfspool && mount /dev/vg0/xfspool /mnt/xfspool && mkdir -p /mnt/xfspool/volumes /mnt/xfspool/snapshots &&
+    truncate -s 320M /mnt/xfspool/volumes/vol3.img && losetup /dev/loop0 /mnt/xfspool/volumes/vol3.img &&
+    mkfs.xfs -q /dev/loop0 && mkdir -p /mnt/vol3 && mount /dev/loop0 /mnt/vol3" \
+    >"$work/setup-xfs.log" 2>&1 || { cat "$work/setup-xfs.log" >&2; die "loopfile-on-XFS setup"; }
+  log "vol3: loopfile volume (XFS) in an XFS pool with reflink=1 on lab-a"
+fi
 drbd_bytes=$(rpc lab-a "blockdev --getsize64 /dev/drbd0")
 drbd_version=$(rpc lab-a "head -1 /proc/drbd")
 log "DRBD $drbd_version: vol1 Primary on lab-a ($drbd_bytes bytes, ext4), vol2 unreplicated lvmthin (ext4)"
@@ -133,26 +159,33 @@ for g in lab-a lab-b; do rpc "$g" ". guest-lib.sh; start_agent $g" >/dev/null ||
 mport=$(( 30000 + RANDOM % 10000 ))
 flags=()
 for f in exporter snapshot vmexport; do flags+=("--enable-$f=$([[ $f == snapshot ]] && echo true || echo false)"); done
-"$UCM" manager --kubeconfig="$kc" --namespace=default "${flags[@]}" --log-format=json \
-  --metrics-bind-address="127.0.0.1:$mport" --health-probe-bind-address="127.0.0.1:$((mport + 1))" \
-  >"$work/manager.log" 2>&1 &
-manager_pid=$!
+start_manager() { # appends to manager.log; a restart after a SIGKILL continues from status
+  "$UCM" manager --kubeconfig="$kc" --namespace=default "${flags[@]}" --log-format=json \
+    --metrics-bind-address="127.0.0.1:$mport" --health-probe-bind-address="127.0.0.1:$((mport + 1))" \
+    >>"$work/manager.log" 2>&1 &
+  manager_pid=$!
+}
+start_manager
 
-volume() { # NAME NODE...
+volume() { # NAME NODE...   (BACKEND/POOL from the environment: lvmthin in the default pool)
   local name=$1; shift
   local reps="" per=""
   for n in "$@"; do
-    reps+="${reps:+,}{\"node\":\"$n\",\"backend\":\"lvmthin\"}"
+    reps+="${reps:+,}{\"node\":\"$n\",\"backend\":\"${BACKEND:-lvmthin}\"${POOL:+,\"pool\":\"$POOL\"}}"
     per+="${per:+,}\"$n\":{\"deviceCreated\":true,\"diskState\":\"UpToDate\",\"splitBrain\":false}"
   done
   echo "{\"apiVersion\":\"miroir.home-operations.com/v1alpha1\",\"kind\":\"MiroirVolume\",\"metadata\":{\"name\":\"$name\"},
-        \"spec\":{\"sizeBytes\":134217728,\"replicas\":[$reps],\"drbd\":{\"port\":7789}}}" | k create -f - >/dev/null
+        \"spec\":{\"sizeBytes\":${SIZE:-134217728},\"replicas\":[$reps],\"drbd\":{\"port\":7789}}}" | k create -f - >/dev/null
   k patch miroirvolume "$name" --subresource=status --type=merge \
     -p "{\"status\":{\"formatted\":true,\"perNode\":{$per}}}" >/dev/null
 }
 volume vol1 lab-a lab-b
 volume vol2 lab-a
 rpc lab-a ". guest-lib.sh; start_writer /mnt/vol1 vol1; start_writer /mnt/vol2 vol2" >/dev/null || die "writer start"
+if [[ $mode == full ]]; then
+  BACKEND=loopfile POOL=loop SIZE=335544320 volume vol3 lab-a
+  rpc lab-a ". guest-lib.sh; start_writer /mnt/vol3 vol3" >/dev/null || die "writer start (vol3)"
+fi
 
 # Wait for both agents' heartbeats (their Leases) before the first round.
 for i in $(seq 120); do

@@ -14,7 +14,12 @@ seconds) and per leg the breakdown in milliseconds.
 verify.py summary RESULTS.jsonl: median and p99 of the writer stall and of each leg's IO pause
 over the replicated rounds, and of the bare sequence's.
 
-verify.py bench SUMMARY.json bench/results.json COMMIT: those figures into the bench results."""
+verify.py bench SUMMARY.json bench/results.json COMMIT: those figures into the bench results.
+
+verify.py deadleg SNAP AGENT_LOG ACKS T_EVENT: a failure path's first round on the Primary
+(AGENT_LOG, read before any recut): its IO pause (raise to lift), the writer's longest gap
+between acknowledgements around it, and how long after T_EVENT (the kill, epoch seconds) the
+Primary lifted. Prints one JSON line."""
 import json, sys
 
 
@@ -166,12 +171,32 @@ def records():
     sys.exit(1 if errors else 0)
 
 
+def deadleg(snap, log, acks_path, t_event):
+    raised = lifted = None
+    for e in logs(log):
+        if e.get("snapshot") != snap:
+            continue
+        if e.get("message") == "barrier raised" and raised is None:
+            raised = epoch(e["paused_at"])
+        elif e.get("message") == "barrier lifted" and lifted is None:
+            lifted = epoch(e["lifted_at"])
+    if raised is None or lifted is None:
+        sys.exit(f"no raise and lift of {snap} in {log}")
+    acks = [float(l.split()[1]) for l in open(acks_path) if l.strip()]
+    win = [t for t in acks if raised - 2 <= t <= lifted + 2]
+    stall = max((b - a for a, b in zip(win, win[1:])), default=0.0)
+    print(json.dumps({"io_pause_s": round(lifted - raised, 2), "writer_stall_s": round(stall, 2),
+                      "lifted_after_s": round(lifted - t_event, 2)}))
+
+
 if sys.argv[1] == "records":
     records()
 elif sys.argv[1] == "times":
     times(sys.argv[2], sys.argv[3], sys.argv[3:])
 elif sys.argv[1] == "summary":
     summary(sys.argv[2])
+elif sys.argv[1] == "deadleg":
+    deadleg(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))
 elif sys.argv[1] == "bench":
     bench(sys.argv[2], sys.argv[3], sys.argv[4])
 else:

@@ -39,6 +39,13 @@ pub struct Settings {
     /// Heartbeat age after which a node's snapshot agent counts as down (no round opens).
     #[arg(long = "snapshot-agent-stale-after", default_value = "60s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub agent_stale_after: Duration,
+
+    /// K: during an open round, a diskful leg not yet `Done` whose agent has not renewed its
+    /// heartbeat for this long (counted from the later of its last renewal and the open) voids
+    /// the round before the deadline, so the other legs resume at once; "0s" turns it off.
+    /// Agents renew every `--round-heartbeat-interval` (2s) while a round names them.
+    #[arg(long = "snapshot-round-stale-after", default_value = "10s", value_parser = crate::godur::parse, value_name = "DURATION")]
+    pub round_stale_after: Duration,
 }
 
 impl Default for Settings {
@@ -48,6 +55,7 @@ impl Default for Settings {
             void_backoff: Duration::from_secs(30),
             agent_namespace: None,
             agent_stale_after: Duration::from_secs(60),
+            round_stale_after: Duration::from_secs(10),
         }
     }
 }
@@ -122,7 +130,7 @@ impl RoundMetrics {
         // Registration fails only if another instance registered first (tests); reuse is fine.
         let _ = registry.register(Box::new(rounds_total.clone()));
         let _ = registry.register(Box::new(round_open_seconds.clone()));
-        for r in ["success", "expired", "failed"] {
+        for r in ["success", "expired", "silent", "failed"] {
             rounds_total.with_label_values(&[r]);
         }
         RoundMetrics {
@@ -146,6 +154,9 @@ pub struct Context {
     pub round_leases: Api<Lease>,
     pub agent_namespace: String,
     pub settings: Settings,
+    /// Opens once the volume, grant and heartbeat caches have listed: before that, an empty
+    /// heartbeat cache would read as every agent silent (row 8a) and void live rounds.
+    pub synced: crate::runtime::Synced,
     pub metrics: RoundMetrics,
     /// Per-volume lock around the grant-and-open step, so this process's own passes never race
     /// for a grant (I8, docs/snapshot.md, "One round per volume"); across processes the grant's

@@ -38,6 +38,9 @@ pub enum VoidCause {
     Expired,
     /// A leg reported `Error`.
     Failed,
+    /// A diskful leg not `Done` whose agent stopped renewing its heartbeat during the round
+    /// (row 8a): voided before the deadline so the other legs resume.
+    Silent,
 }
 
 /// Round results for `ucm_snapshot_rounds_total`.
@@ -45,6 +48,7 @@ pub enum VoidCause {
 pub enum RoundResult {
     Success,
     Expired,
+    Silent,
     Failed,
 }
 
@@ -53,6 +57,7 @@ impl RoundResult {
         match self {
             RoundResult::Success => "success",
             RoundResult::Expired => "expired",
+            RoundResult::Silent => "silent",
             RoundResult::Failed => "failed",
         }
     }
@@ -79,7 +84,7 @@ pub enum Step {
         source_formatted: bool,
         slots: BTreeMap<String, SlotState>,
     },
-    /// Rows 6 and 8: void the round `round` and re-stamp with `stamp`.
+    /// Rows 6, 8 and 8a: void the round `round` and re-stamp with `stamp`.
     Void {
         round: String,
         cause: VoidCause,
@@ -145,6 +150,8 @@ pub mod reason {
     pub const WAITING_FOR_ROUND: &str = "WaitingForRound";
     pub const BARRIER_RAISED: &str = "BarrierRaised";
     pub const BARRIER_EXPIRED: &str = "BarrierExpired";
+    /// OURS: voided before the deadline, a leg's agent having gone silent during the round.
+    pub const AGENT_SILENT: &str = "AgentSilent";
     pub const CUT_FAILED: &str = "CutFailed";
     pub const TEARDOWN_PENDING: &str = "TeardownPending";
     /// OURS: a replica node name that cannot form its teardown finalizer.
@@ -160,6 +167,7 @@ pub mod reason {
         WAITING_FOR_ROUND,
         BARRIER_RAISED,
         BARRIER_EXPIRED,
+        AGENT_SILENT,
         CUT_FAILED,
         TEARDOWN_PENDING,
         INVALID_VOLUME,
@@ -213,6 +221,37 @@ fn next_staleness(o: &Observed<'_>, s: &Settings, nodes: &[String]) -> Option<Ti
         .filter_map(|n| o.heartbeats.get(n.as_str()))
         .map(|t| after(*t, s.agent_stale_after))
         .min()
+}
+
+/// Row 8a: when `node`'s leg of the round stamped `stamp` counts as silent: K after the later of
+/// its agent's last heartbeat and the open (an agent renews every few seconds while a round
+/// names it, so a live one is never K behind). None when K is 0 (turned off).
+fn silent_at(o: &Observed<'_>, s: &Settings, node: &str, stamp: Timestamp) -> Option<Timestamp> {
+    if s.round_stale_after.is_zero() {
+        return None;
+    }
+    let from = o.heartbeats.get(node).map_or(stamp, |b| (*b).max(stamp));
+    Some(after(from, s.round_stale_after))
+}
+
+/// Gate 4b: after a void for a silent leg (row 8a; the `Ready` reason it wrote, `AgentSilent`,
+/// stays until the next open), a diskful leg whose agent has not renewed since the void keeps
+/// the next round shut until it beats: reopening with a dead leg would suspend the live ones for
+/// K once more. A live agent renews within the backoff B (30 s, more than the 20 s heartbeat
+/// interval); the silent one last beat at least K before the void. Not `voided - K`: the stamp
+/// is cut to whole seconds, so a leg whose last beat fell in the second before the open could
+/// pass that and be voided a second time (the e2e test did). Voids for other causes keep the
+/// old behaviour: the next round opens after B.
+fn silent_since_void(o: &Observed<'_>, node: &str, voided: Timestamp) -> bool {
+    o.heartbeats.get(node).is_none_or(|b| *b < voided)
+}
+
+/// The last void was for a silent leg: its `AgentSilent` reason is still the `Ready` condition.
+fn voided_as_silent(snap: &MiroirSnapshot) -> bool {
+    snap.status.as_ref().is_some_and(|st| {
+        crate::conditions::find(&st.conditions, super::types::READY)
+            .is_some_and(|c| c.reason == reason::AGENT_SILENT)
+    })
 }
 
 fn stale_message(o: &Observed<'_>, node: &str) -> String {
@@ -453,13 +492,58 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
             );
         }
 
-        // Row 9: nothing to do but wait for slots or the deadline. The message is fixed for
-        // the whole round so slot changes cause no extra status writes under the barrier.
+        // Row 8a (ours): a leg not yet Done whose agent went silent in the round (a killed
+        // agent, a node powered off) voids it now instead of at the deadline, so the other legs
+        // resume at once (docs/snapshot.md, "Deadline, void and recovery"). Like row 8, only on
+        // an uncached read: a cached copy may miss the leg's Done.
+        let pending: Vec<&String> = diskful
+            .iter()
+            .filter(|n| r.slot(n) != Some(SlotState::Done))
+            .collect();
+        let t = stamp.unwrap_or(o.now);
+        if let Some(dead) = pending
+            .iter()
+            .find(|n| silent_at(o, s, n, t).is_some_and(|at| o.now >= at))
+        {
+            if !o.fresh {
+                return Decision {
+                    step: Step::ReRead,
+                    ready: None,
+                    event: None,
+                    result: None,
+                    requeue_at: None,
+                };
+            }
+            let quiet = match heartbeat_age(o, dead) {
+                Some(age) => format!("no snapshot agent heartbeat for {}", human(age)),
+                None => "no snapshot agent heartbeat".to_string(),
+            };
+            let msg = format!(
+                "{dead}: {quiet} during the round (last state {}); voided before the deadline so the other legs resume; retry at {retry_at}",
+                r.slot(dead)
+                    .map_or_else(|| "no slot".to_string(), |st| st.to_string())
+            );
+            return void(
+                VoidCause::Silent,
+                msg,
+                RoundResult::Silent,
+                reason::AGENT_SILENT,
+            );
+        }
+
+        // Row 9: nothing to do but wait for slots, a silent leg or the deadline. The message is
+        // fixed for the whole round so slot changes cause no extra status writes under the
+        // barrier.
         let ts = stamp.unwrap_or(o.now);
         let msg = open_message(ts, s.deadline, &diskful_of_round(&r, &diskful));
+        let next_silence = pending.iter().filter_map(|n| silent_at(o, s, n, t)).min();
+        let requeue = match (deadline, next_silence) {
+            (Some(d), Some(q)) => Some(d.min(q)),
+            (d, q) => d.or(q),
+        };
         return Decision::wait(
             Some(Ready::new(false, reason::BARRIER_RAISED, msg)),
-            deadline,
+            requeue,
         );
     }
 
@@ -488,6 +572,16 @@ pub fn decide(o: &Observed<'_>, s: &Settings) -> Decision {
             Some(Ready::new(false, reason::WAITING_FOR_REPLICAS, msg)),
             None,
         );
+    }
+    if let Some(voided) = stamp
+        && voided_as_silent(snap)
+        && let Some(dead) = diskful.iter().find(|n| silent_since_void(o, n, voided))
+    {
+        let msg = format!(
+            "{dead}: no snapshot agent heartbeat since the round was voided for its silence ({}); the next round waits for one; is ucm snapshot-agent running there?",
+            clock(voided)
+        );
+        return Decision::wait(Some(Ready::new(false, reason::AGENT_SILENT, msg)), None);
     }
     if let Some(msg) = replica_health(volume, &diskful) {
         return Decision::wait(
@@ -1025,11 +1119,153 @@ mod tests {
         );
         let d2 = Case::new(s, at(20)).decide();
         assert_eq!(d1.step, Step::Wait);
-        assert_eq!(d1.requeue_at, Some(at(60)));
+        // Every agent beat just now: look again when the first could fall silent (row 8a).
+        assert_eq!(d1.requeue_at, Some(at(11)));
+        let mut quiet = Case::new(with_round(snap(), true, T0, &[("a", Pending)]), at(1));
+        quiet.settings.round_stale_after = Duration::ZERO;
+        assert_eq!(
+            quiet.decide().requeue_at,
+            Some(at(60)),
+            "K = 0: the deadline"
+        );
         assert_eq!(d1.ready, d2.ready);
         // The open wrote the same message, so row 9 causes no status write.
         let open = Case::new(snap(), at(0)).decide();
         assert_eq!(open.ready, d1.ready);
+    }
+
+    #[test]
+    fn row8a_a_silent_leg_voids_before_the_deadline() {
+        let s = with_round(
+            snap(),
+            true,
+            T0,
+            &[("a", Suspended), ("b", Suspended), ("c", Pending)],
+        );
+        // c's agent last beat 5 s before the open; a and b beat all along.
+        let mut c = Case::new(s, at(9));
+        c.heartbeats.insert("c".into(), at(-5));
+        let d = c.decide();
+        assert_eq!(d.step, Step::Wait);
+        assert_eq!(reason_of(&d), Some(reason::BARRIER_RAISED));
+        assert_eq!(d.requeue_at, Some(at(10)), "K after the open, not the beat");
+        c.now = at(10);
+        c.heartbeats.insert("a".into(), at(10));
+        c.heartbeats.insert("b".into(), at(10));
+        assert_eq!(c.decide().step, Step::ReRead, "only on an uncached read");
+        c.fresh = true;
+        let d = c.decide();
+        assert!(
+            matches!(d.step, Step::Void { cause: VoidCause::Silent, ref round, ref stamp, .. }
+                if round == T0 && stamp == "2025-03-01T10:00:10Z")
+        );
+        let r = d.ready.unwrap();
+        assert_eq!(r.reason, reason::AGENT_SILENT);
+        assert_eq!(
+            r.message,
+            "c: no snapshot agent heartbeat for 15s during the round (last state Pending); voided before the deadline so the other legs resume; retry at 10:00:40Z"
+        );
+        assert_eq!(d.result, Some(RoundResult::Silent));
+        assert_eq!(d.event.unwrap().reason, event::ROUND_VOIDED);
+        assert_eq!(d.requeue_at, Some(at(40)));
+    }
+
+    #[test]
+    fn row8a_counts_from_the_last_beat_and_ignores_done_legs() {
+        // b beat at 20 during the round, then died: silent at 30, not at 10.
+        let s = with_round(
+            snap(),
+            true,
+            T0,
+            &[("a", Suspended), ("b", Suspended), ("c", Done)],
+        );
+        let mut c = Case::new(s, at(25));
+        c.fresh = true;
+        c.heartbeats.insert("b".into(), at(20));
+        // c is Done: its agent may die, the round completes without it.
+        c.heartbeats.insert("c".into(), at(-100));
+        let d = c.decide();
+        assert_eq!(d.step, Step::Wait);
+        assert_eq!(d.requeue_at, Some(at(30)));
+        c.now = at(30);
+        c.heartbeats.insert("a".into(), at(30));
+        assert!(matches!(
+            c.decide().step,
+            Step::Void {
+                cause: VoidCause::Silent,
+                ..
+            }
+        ));
+        // With K = 0 the round runs to its deadline.
+        c.settings.round_stale_after = Duration::ZERO;
+        let d = c.decide();
+        assert_eq!(d.step, Step::Wait);
+        assert_eq!(d.requeue_at, Some(at(60)));
+        // An agent that never beat is silent K after the open.
+        let s = with_round(
+            snap(),
+            true,
+            T0,
+            &[("a", Pending), ("b", Pending), ("c", Pending)],
+        );
+        let mut c = Case::new(s, at(10));
+        c.fresh = true;
+        c.heartbeats.remove("b");
+        let d = c.decide();
+        assert!(matches!(
+            d.step,
+            Step::Void {
+                cause: VoidCause::Silent,
+                ..
+            }
+        ));
+        assert!(
+            d.ready.unwrap().message.starts_with(
+                "b: no snapshot agent heartbeat during the round (last state Pending);"
+            )
+        );
+    }
+
+    #[test]
+    fn gate4b_after_a_void_a_silent_leg_must_beat_again() {
+        // Voided at 0 with c silent (its last beat at -8, in the second before the open at -9:
+        // stamps are whole seconds); the backoff is over at 30, and c's beat is younger than
+        // --snapshot-agent-stale-after, yet reopening would suspend a and b for another K: wait
+        // for c's next beat.
+        let s = with_round(
+            snap(),
+            false,
+            T0,
+            &[("a", Pending), ("b", Pending), ("c", Pending)],
+        );
+        let mut c = Case::new(s, at(30));
+        c.heartbeats.insert("c".into(), at(-8));
+        // After a void for another cause (here: none recorded), the round reopens after B.
+        assert!(matches!(c.decide().step, Step::Open { .. }));
+        c.snap.status.as_mut().unwrap().conditions =
+            vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: crate::snapshot::types::READY.into(),
+                status: "False".into(),
+                reason: reason::AGENT_SILENT.into(),
+                message: "c: no snapshot agent heartbeat for 18s during the round".into(),
+                observed_generation: None,
+                last_transition_time: crate::conditions::now(),
+            }];
+        let d = c.decide();
+        assert_eq!(d.step, Step::Wait);
+        let r = d.ready.unwrap();
+        assert_eq!(r.reason, reason::AGENT_SILENT);
+        assert_eq!(
+            r.message,
+            "c: no snapshot agent heartbeat since the round was voided for its silence (10:00:00Z); the next round waits for one; is ucm snapshot-agent running there?"
+        );
+        assert_eq!(d.requeue_at, None, "its heartbeat wakes the snapshot");
+        // Any beat since the void opens it (a live agent beats within the backoff).
+        c.heartbeats.insert("c".into(), at(0));
+        assert!(matches!(c.decide().step, Step::Open { .. }));
+        c.heartbeats.insert("c".into(), at(31));
+        c.now = at(31);
+        assert!(matches!(c.decide().step, Step::Open { .. }));
     }
 
     #[test]

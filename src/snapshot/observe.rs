@@ -40,8 +40,8 @@ impl Context {
 }
 
 /// Whether a heartbeat of `node`'s agent can change this snapshot's decision: a deletion that
-/// waits on that node's finalizer, or an open gated on replicas (rows 1 and 11 of
-/// docs/snapshot.md, "Manager states"). Every replica
+/// waits on that node's finalizer, or an open gated on replicas or on a leg silent since the
+/// last void (rows 1 and 11 of docs/snapshot.md, "Manager states"). Every replica
 /// node has a finalizer, so the finalizer list names the nodes that matter.
 pub fn waits_on_agent(s: &MiroirSnapshot, node: &str) -> bool {
     let mine = super::types::teardown_finalizer(node);
@@ -55,8 +55,10 @@ pub fn waits_on_agent(s: &MiroirSnapshot, node: &str) -> bool {
     !r.ready
         && !r.io_suspended
         && s.status.as_ref().is_some_and(|st| {
-            conditions::find(&st.conditions, READY)
-                .is_some_and(|c| c.reason == decide::reason::WAITING_FOR_REPLICAS)
+            conditions::find(&st.conditions, READY).is_some_and(|c| {
+                c.reason == decide::reason::WAITING_FOR_REPLICAS
+                    || c.reason == decide::reason::AGENT_SILENT
+            })
         })
 }
 
@@ -105,6 +107,9 @@ mod tests {
             }];
         assert!(waits_on_agent(&s, "n1"));
         assert!(!waits_on_agent(&s, "n2"));
+        // Gate 4b: after a void for a silent leg, its next beat may open the round.
+        s.status.as_mut().unwrap().conditions[0].reason = decide::reason::AGENT_SILENT.into();
+        assert!(waits_on_agent(&s, "n1"));
         s.status.as_mut().unwrap().io_suspended = Some(true);
         assert!(
             !waits_on_agent(&s, "n1"),

@@ -32,6 +32,10 @@ pub const CONTROLLER: &str = "miroirsnapshot";
 
 /// One reconcile of one snapshot.
 pub async fn reconcile(snap: Arc<MiroirSnapshot>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // Decide only on listed caches: an empty heartbeat cache would read as every agent silent.
+    if !ctx.synced.wait().await {
+        return Ok(Action::await_change());
+    }
     let mut snap = (*snap).clone();
     let mut fresh = false;
     // At most one uncached re-read of the snapshot (manager row 8).
@@ -266,6 +270,11 @@ pub async fn run(rt: Runtime, settings: Settings, agent_namespace: String) {
         round_leases: Api::namespaced(client.clone(), &agent_namespace),
         agent_namespace,
         settings,
+        synced: rt.synced(&[
+            "miroirvolumes",
+            "snapshot-round-leases",
+            "snapshot-agent-leases",
+        ]),
         metrics: RoundMetrics::register(&rt.metrics.registry),
         volume_locks: Mutex::new(HashMap::new()),
     });

@@ -45,6 +45,11 @@ pub struct AgentArgs {
     #[arg(long, default_value = "20s", value_parser = crate::godur::parse, value_name = "DURATION")]
     pub heartbeat_interval: Duration,
 
+    /// How often the heartbeat Lease is renewed while a live round names this node (the
+    /// manager voids a round early when a leg falls silent for its --snapshot-round-stale-after).
+    #[arg(long, default_value = "2s", value_parser = crate::godur::parse, value_name = "DURATION")]
+    pub round_heartbeat_interval: Duration,
+
     /// IO barrier implementation.
     #[arg(long, value_enum, default_value = "drbd")]
     pub barrier: BarrierKind,
@@ -125,6 +130,7 @@ mod tests {
         assert_eq!(a.deadline, Duration::from_secs(60));
         assert_eq!(a.cut_guard, Duration::from_secs(5));
         assert_eq!(a.heartbeat_interval, Duration::from_secs(20));
+        assert_eq!(a.round_heartbeat_interval, Duration::from_secs(2));
         assert_eq!(a.barrier, BarrierKind::Drbd);
         assert_eq!(a.barrier_timeout, Duration::from_secs(30));
         assert_eq!(a.backend_timeout, Duration::from_secs(120));

@@ -101,6 +101,8 @@ pub(super) struct Context {
     pub(super) synced: tokio::sync::watch::Sender<(bool, bool)>,
     pub(super) volume_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(super) stopping: AtomicBool,
+    /// Wakes the heartbeat for an immediate renewal when a round naming this node appears.
+    pub(super) beat_now: Notify,
 }
 
 /// What an action leaves behind for the worker's loop.

@@ -158,6 +158,7 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
         synced: tokio::sync::watch::channel((false, false)).0,
         volume_locks: Mutex::new(HashMap::new()),
         stopping: AtomicBool::new(false),
+        beat_now: tokio::sync::Notify::new(),
     });
 
     // Sweep at start (before acting on anything), then every interval.
@@ -189,6 +190,16 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
                 ) => {
                     if let Ok(snap) = &g.0 {
                         c1.notify(&snap.spec.volume_name);
+                        // A round naming this node: renew the heartbeat now (a waiting beat
+                        // only; the renewals during the round follow on their own timer).
+                        if super::heartbeat::names_in_live_round(
+                            snap,
+                            &c1.node,
+                            jiff::Timestamp::now(),
+                            c1.settings.deadline,
+                        ) {
+                            c1.beat_now.notify_waiters();
+                        }
                     }
                 }
                 // The store swaps in the new list at InitDone: look at every volume again.
@@ -249,8 +260,9 @@ pub async fn main(args: AgentArgs) -> anyhow::Result<()> {
     tasks.spawn(heartbeat(
         client.clone(),
         namespace,
-        node.clone(),
+        ctx.clone(),
         args.heartbeat_interval,
+        args.round_heartbeat_interval,
         token.clone(),
     ));
     let c3 = ctx.clone();
