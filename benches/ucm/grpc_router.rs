@@ -166,13 +166,19 @@ async fn session(
     }
 }
 
-/// A plain TCP relay on one thread of its own: its address and a reader of that thread's CPU
-/// seconds.
-fn tcp_relay() -> (std::net::SocketAddr, impl Fn() -> f64) {
+/// A plain TCP relay on one thread of its own: its address, a reader of that thread's CPU
+/// seconds, and the sender whose drop lets the thread exit (it waits for that after the copy, so
+/// its CPU is still readable when the last byte has arrived).
+fn tcp_relay() -> (
+    std::net::SocketAddr,
+    impl Fn() -> f64,
+    std::sync::mpsc::Sender<()>,
+) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let tid = Arc::new(AtomicU64::new(0));
     let t = tid.clone();
+    let (release, released) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         // SAFETY: gettid has no preconditions.
         t.store(unsafe { libc::gettid() } as u64, Ordering::SeqCst);
@@ -188,13 +194,15 @@ fn tcp_relay() -> (std::net::SocketAddr, impl Fn() -> f64) {
             let (mut b, _) = l.accept().await.unwrap();
             let _ = tokio::io::copy(&mut a, &mut b).await;
         });
+        let _ = released.recv();
     });
     while tid.load(Ordering::SeqCst) == 0 {
         std::thread::yield_now();
     }
     let tid = tid.load(Ordering::SeqCst);
     let cpu = move || {
-        let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+        let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+            .unwrap_or_else(|e| panic!("the relay thread's CPU: {e}"));
         let f: Vec<&str> = s
             .rsplit_once(')')
             .map(|x| x.1)
@@ -210,7 +218,7 @@ fn tcp_relay() -> (std::net::SocketAddr, impl Fn() -> f64) {
             _ => 0.0,
         }
     };
-    (addr, cpu)
+    (addr, cpu, release)
 }
 
 /// Whether the process has exited (gone, or a zombie not yet reaped).
@@ -327,7 +335,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         router_rates.push(bytes as f64 / secs / 1_048_576.0);
         router_cpu.push(b.proc.cpu() - cpu0);
 
-        let (addr, cpu) = tcp_relay();
+        let (addr, cpu, release) = tcp_relay();
         let mut src = tokio::net::TcpStream::connect(addr).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
         let mut dst = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -351,6 +359,7 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         let secs = t0.elapsed().as_secs_f64();
         relay_rates.push(bytes as f64 / secs / 1_048_576.0);
         relay_cpu.push(cpu() - c0);
+        drop(release);
     }
     let mut b = b;
     b.proc.stop("TERM");
