@@ -337,7 +337,21 @@ async fn load(
     let k = |w: &str| key(kind, &format!("n{n}.{w}"));
     s.push(k("rss_idle"), rss0 / f64::from(1 << 20));
     let (first, m_clients) = ((n / 50).max(1), n.div_ceil(10));
-    let l = leases::load(&p, &m, n, first, run).await;
+    // ucm's check fails the phase; the Go controller's problems are counted and shown.
+    let l = leases::load(&p, &m, n, first, run, kind == Kind::Ucm).await;
+    s.push(k("problems"), l.problems.len() as f64);
+    if !l.problems.is_empty() {
+        let twice = l.problems.iter().filter(|p| p.contains(" holds [")).count();
+        s.push(k("leased_twice"), twice as f64);
+        bd.insert(
+            format!("{}.n{n}.problems", kind.name()),
+            format!(
+                "{} problems ({twice} exporters holding two active Leases), e.g. {}",
+                l.problems.len(),
+                l.problems[..l.problems.len().min(3)].join("; ")
+            ),
+        );
+    }
     let st = &l.exporters;
     let per = |x: f64| x / n as f64;
     s.push(k("rate"), n as f64 / st.secs);
@@ -708,6 +722,23 @@ fn figures(
                 bd(&format!("go.n{n}.{w}"))
             )
         };
+        // The correctness check's problems per controller run.
+        let checked = || {
+            let runs = |kind: &str| {
+                let v = s.get(&format!("{kind}.n{n}.problems"));
+                let bad = v.iter().filter(|x| **x > 0.0).count();
+                let twice: f64 = s.get(&format!("{kind}.n{n}.leased_twice")).iter().sum();
+                match bad {
+                    0 => format!("{kind}: passed in all {} runs", v.len()),
+                    _ => format!(
+                        "{kind}: failed in {bad} of {} runs ({twice} exporters holding two active Leases in all; {})",
+                        v.len(),
+                        bd(&format!("{kind}.n{n}.problems"))
+                    ),
+                }
+            };
+            format!("Check: {}; {}. ", runs("ucm"), runs("go"))
+        };
         // The bare client's figure of the same step, same run ([`bare`]), and ucm's against it.
         let bare = |w: &str, what: &str| {
             let b = s.get(&format!("bare.n{n}.{w}"));
@@ -806,7 +837,7 @@ fn figures(
                 "s",
                 &k("leases_all"),
             )
-            .note(format!("the online Exporters patched every 20 s meanwhile (spread over the period). Checked after each run, for both controllers (the phase fails otherwise): no exporter holds two active Leases, every Lease is on an online Exporter, every Exporter's and Client's credential Secret has a token and its owner as controller. Issue 50 goal ≤ 0.5× Go; {}{}", top("leases"), bare("leases_all", "the same four writes per Lease; in s"))),
+            .note(format!("the online Exporters patched every 20 s meanwhile (spread over the period). Checked after each run, for both controllers: no exporter holds two active Leases, every Lease is on an online Exporter, every Exporter's and Client's credential Secret has a token and its owner as controller (ucm failing it fails the phase; the Go controller's problems are counted here). {}Issue 50 goal ≤ 0.5× Go; {}{}", checked(), top("leases"), bare("leases_all", "the same four writes per Lease; in s"))),
             fig(
                 &k("per_lease_growth"),
                 format!("time per Lease at {m} Leases / at {first}"),
