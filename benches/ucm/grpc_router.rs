@@ -148,7 +148,7 @@ async fn session(
                     if got == 0 && !m.payload.is_empty() {
                         streaming.fetch_add(1, Ordering::SeqCst);
                     }
-                    got += m.payload.len() as u64
+                    got += m.payload.len() as u64;
                 }
                 Ok(None) => return Err(format!("cut after {got} of {want} bytes")),
                 Err(e) => return Err(format!("cut after {got} of {want} bytes: {e}")),
