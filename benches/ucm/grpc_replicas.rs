@@ -458,6 +458,6 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             .reference(100.0, "issue 30's bound: p99 ≤ 100 ms", false)
             .note(format!("two replicas, the token handed over through a pending-dial ConfigMap (docs/exporter.md, \"Dial and Listen across replicas\"); {}; one replica, for comparison: {}", lat(&cross), lat(&one))),
         Figure::new(PHASE, "grpc.replicas.rehome", &format!("SIGKILL of one of two replicas → every exporter holds a Status stream (and the leased ones Listen) on the survivor ({on_b} exporters re-homed)"), "s", vec![rehome])
-            .note(format!("each simulated exporter reconnects at once to the next endpoint when its stream ends, as through a Service whose endpoint went; then Register is not repeated (as upstream's exporter); a Dial for an exporter of the killed replica succeeded {} after the kill", first_dial.map_or("never (120 s)".to_string(), |s| format!("{s:.2} s")))),
+            .note(format!("each simulated exporter reconnects at once to the next replica's address when its stream ends, as the published exporter does through the headless `ucm-grpc` Service (it resolves every replica's address, and the killed one refuses the connection); then Register is not repeated (as upstream's exporter); a Dial for an exporter of the killed replica succeeded {} after the kill", first_dial.map_or("never (120 s)".to_string(), |s| format!("{s:.2} s")))),
     ]
 }

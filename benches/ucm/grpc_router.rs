@@ -1,16 +1,16 @@
-//! Phase `grpc`, the router (docs/exporter.md, "Routers that drain"): two `ucm router` processes
+//! Phase `grpc`, the router (docs/exporter.md, "Routers that drain"): `ucm router` processes
 //! (ROUTER_KEY, a certificate from files; no cluster needed), clients over the compiled
-//! jumpstarter.v1 stubs, each session two streams with one router token, as a client and its
-//! exporter open them.
+//! jumpstarter.v1 stubs, each session two streams with one router token on two TLS connections,
+//! as a client and its exporter open them.
 //! - a rollout: sessions streaming through router A, A gets SIGTERM (as a Pod deletion sends it),
 //!   new sessions go to B (as the manager names only ready routers), every session of A runs to
 //!   its end: cut sessions / total;
 //! - throughput: bytes through one session per second and the router's CPU per GiB, next to a
 //!   plain TCP relay of the same bytes in this process (one thread; the limit of any relay);
-//! - memory: the router's RSS growth per idle carried session.
+//! - memory: a fresh router's RSS growth per idle carried session.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -75,14 +75,19 @@ async fn channel(port: u16, ca: &str) -> Channel {
         .unwrap()
 }
 
-/// One side of a session: its sender and the stream of what the peer sent.
+/// One side of a session on its own TLS connection to the router at `port` (a jmp client and an
+/// exporter each connect on their own): its sender, the stream of what the peer sent, and the
+/// connection, which lives as long as the caller holds it.
 async fn side(
-    ch: &Channel,
+    port: u16,
+    ca: &str,
     tok: &str,
 ) -> (
     mpsc::Sender<StreamRequest>,
     tonic::Streaming<StreamResponse>,
+    Channel,
 ) {
+    let ch = channel(port, ca).await;
     let (tx, rx) = mpsc::channel(8);
     let mut req = tonic::Request::new(ReceiverStream::new(rx));
     req.metadata_mut()
@@ -100,17 +105,25 @@ async fn side(
     })
     .await
     .unwrap();
-    (tx, fut.await.unwrap().unwrap().into_inner())
+    (tx, fut.await.unwrap().unwrap().into_inner(), ch)
 }
 
-/// A session: both sides on router `ch`, the client side sending `frames` frames of `size`
-/// bytes `every` apart, the exporter side counting them. Ok(bytes) when all came and both ends
-/// closed cleanly, else Err (cut).
-async fn session(ch: Channel, frames: usize, size: usize, every: Duration) -> Result<u64, String> {
+/// A session: both sides on the router at `port`, each on its own connection, the client side
+/// sending `frames` frames of `size` bytes `every` apart, the exporter side counting them.
+/// Ok(bytes) when all came and both ends closed cleanly, else Err (cut). `streaming` counts the
+/// sessions whose first bytes reached the exporter side.
+async fn session(
+    port: u16,
+    ca: String,
+    frames: usize,
+    size: usize,
+    every: Duration,
+    streaming: Arc<AtomicUsize>,
+) -> Result<u64, String> {
     let key = RouterKey::new(KEY.to_vec()).unwrap();
     let (tok, _, _) = token::mint(&key, jiff::Timestamp::now());
-    let (a_tx, mut a_rx) = side(&ch, &tok).await;
-    let (b_tx, mut b_rx) = side(&ch, &tok).await;
+    let (a_tx, mut a_rx, _a) = side(port, &ca, &tok).await;
+    let (b_tx, mut b_rx, _b) = side(port, &ca, &tok).await;
     let send = async move {
         let payload = vec![0x5a_u8; size];
         for _ in 0..frames {
@@ -131,7 +144,12 @@ async fn session(ch: Channel, frames: usize, size: usize, every: Duration) -> Re
         let mut got = 0u64;
         while got < want {
             match b_rx.message().await {
-                Ok(Some(m)) => got += m.payload.len() as u64,
+                Ok(Some(m)) => {
+                    if got == 0 && !m.payload.is_empty() {
+                        streaming.fetch_add(1, Ordering::SeqCst);
+                    }
+                    got += m.payload.len() as u64;
+                }
                 Ok(None) => return Err(format!("cut after {got} of {want} bytes")),
                 Err(e) => return Err(format!("cut after {got} of {want} bytes: {e}")),
             }
@@ -148,13 +166,19 @@ async fn session(ch: Channel, frames: usize, size: usize, every: Duration) -> Re
     }
 }
 
-/// A plain TCP relay on one thread of its own: its address and a reader of that thread's CPU
-/// seconds.
-fn tcp_relay() -> (std::net::SocketAddr, impl Fn() -> f64) {
+/// A plain TCP relay on one thread of its own: its address, a reader of that thread's CPU
+/// seconds, and the sender whose drop lets the thread exit (it waits for that after the copy, so
+/// its CPU is still readable when the last byte has arrived).
+fn tcp_relay() -> (
+    std::net::SocketAddr,
+    impl Fn() -> f64,
+    std::sync::mpsc::Sender<()>,
+) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let tid = Arc::new(AtomicU64::new(0));
     let t = tid.clone();
+    let (release, released) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         // SAFETY: gettid has no preconditions.
         t.store(unsafe { libc::gettid() } as u64, Ordering::SeqCst);
@@ -170,13 +194,15 @@ fn tcp_relay() -> (std::net::SocketAddr, impl Fn() -> f64) {
             let (mut b, _) = l.accept().await.unwrap();
             let _ = tokio::io::copy(&mut a, &mut b).await;
         });
+        let _ = released.recv();
     });
     while tid.load(Ordering::SeqCst) == 0 {
         std::thread::yield_now();
     }
     let tid = tid.load(Ordering::SeqCst);
     let cpu = move || {
-        let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+        let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+            .unwrap_or_else(|e| panic!("the relay thread's CPU: {e}"));
         let f: Vec<&str> = s
             .rsplit_once(')')
             .map(|x| x.1)
@@ -192,7 +218,12 @@ fn tcp_relay() -> (std::net::SocketAddr, impl Fn() -> f64) {
             _ => 0.0,
         }
     };
-    (addr, cpu)
+    (addr, cpu, release)
+}
+
+/// Whether the process has exited (gone, or a zombie not yet reaped).
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
 }
 
 pub async fn run(ctx: &Ctx) -> Vec<Figure> {
@@ -204,39 +235,65 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     std::fs::write(&key, &pair.key_pem).unwrap();
     let ca = pair.cert_pem.clone();
 
-    // 1. A rollout: sessions on A, A drains, new sessions on B.
+    // 1. A rollout: sessions streaming through A; once every one streams, A gets SIGTERM (as a
+    //    Pod deletion sends it) and new sessions start on B (the manager names ready routers
+    //    only); every session must run to its end.
     let sessions = ctx.scale.grpc_exporters.clamp(20, 200);
     let a = start(ctx, "a", &cert, &key).await;
     let b = start(ctx, "b", &cert, &key).await;
-    let (cha, chb) = (channel(a.port, &ca).await, channel(b.port, &ca).await);
-    // Each session streams 1 KiB every 20 ms for about 6 s: across the SIGTERM at 2 s.
+    let streaming = Arc::new(AtomicUsize::new(0));
+    // Each session streams 1 KiB every 20 ms for about 15 s, across the SIGTERM.
+    let t_start = Instant::now();
     let running: Vec<_> = (0..sessions)
-        .map(|_| tokio::spawn(session(cha.clone(), 300, 1024, Duration::from_millis(20))))
+        .map(|_| {
+            tokio::spawn(session(
+                a.port,
+                ca.clone(),
+                750,
+                1024,
+                Duration::from_millis(20),
+                streaming.clone(),
+            ))
+        })
         .collect();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    while streaming.load(Ordering::SeqCst) < sessions {
+        assert!(
+            t_start.elapsed() < Duration::from_secs(120),
+            "router rollout: {} of {sessions} sessions streaming after 120 s",
+            streaming.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let opened = t_start.elapsed();
     let t_term = Instant::now();
     a.proc.signal("TERM");
     let during: Vec<_> = (0..sessions / 4)
-        .map(|_| tokio::spawn(session(chb.clone(), 50, 1024, Duration::from_millis(10))))
+        .map(|_| {
+            tokio::spawn(session(
+                b.port,
+                ca.clone(),
+                250,
+                1024,
+                Duration::from_millis(10),
+                Arc::new(AtomicUsize::new(0)),
+            ))
+        })
         .collect();
     let mut cut = Vec::new();
+    let mut carried_bytes = 0u64;
     for h in running.into_iter().chain(during) {
-        if let Err(e) = h.await.unwrap() {
-            cut.push(e);
+        match h.await.unwrap() {
+            Ok(n) => carried_bytes += n,
+            Err(e) => cut.push(e),
         }
     }
+    let last_end = t_term.elapsed();
     let total = sessions + sessions / 4;
     // A exits once its last session ended.
-    let mut exited = None;
-    while t_term.elapsed() < Duration::from_secs(60) {
-        if std::fs::metadata(format!("/proc/{}", a.proc.pid()))
-            .map(|_| {
-                std::fs::read_to_string(format!("/proc/{}/stat", a.proc.pid()))
-                    .is_ok_and(|s| s.contains(") Z "))
-            })
-            .unwrap_or(true)
-        {
-            exited = Some(t_term.elapsed());
+    let mut exited_at = None;
+    while t_term.elapsed() < last_end + Duration::from_secs(60) {
+        if exited(a.proc.pid()) {
+            exited_at = Some(t_term.elapsed());
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -244,7 +301,15 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     for e in cut.iter().take(3) {
         eprintln!("  router rollout: cut session: {e}");
     }
-    let exited = exited.expect("the draining router did not exit within 60 s of its last session");
+    let exited_at =
+        exited_at.expect("the draining router did not exit within 60 s of its last session");
+    eprintln!(
+        "  router rollout: {} of {total} sessions cut; {sessions} streaming on A after {:.1} s; the last ended {:.1} s after SIGTERM, A exited at {:.1} s",
+        cut.len(),
+        opened.as_secs_f64(),
+        last_end.as_secs_f64(),
+        exited_at.as_secs_f64()
+    );
 
     // 2. Throughput of one session, and CPU per GiB, next to a plain TCP relay.
     let bytes: usize = 1 << 30;
@@ -256,14 +321,21 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
     for _ in 0..ctx.runs.max(1) {
         let cpu0 = b.proc.cpu();
         let t0 = Instant::now();
-        session(chb.clone(), frames, FRAME, Duration::ZERO)
-            .await
-            .expect("a throughput session");
+        session(
+            b.port,
+            ca.clone(),
+            frames,
+            FRAME,
+            Duration::ZERO,
+            Arc::new(AtomicUsize::new(0)),
+        )
+        .await
+        .expect("a throughput session");
         let secs = t0.elapsed().as_secs_f64();
         router_rates.push(bytes as f64 / secs / 1_048_576.0);
         router_cpu.push(b.proc.cpu() - cpu0);
 
-        let (addr, cpu) = tcp_relay();
+        let (addr, cpu, release) = tcp_relay();
         let mut src = tokio::net::TcpStream::connect(addr).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
         let mut dst = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -287,34 +359,47 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
         let secs = t0.elapsed().as_secs_f64();
         relay_rates.push(bytes as f64 / secs / 1_048_576.0);
         relay_cpu.push(cpu() - c0);
+        drop(release);
     }
-
-    // 3. Memory per carried session: idle pairs on B.
-    let idle: u32 = 500;
-    let rss0 = b.proc.rss();
-    let key_ = RouterKey::new(KEY.to_vec()).unwrap();
-    let mut held = Vec::new();
-    for _ in 0..idle {
-        let (tok, _, _) = token::mint(&key_, jiff::Timestamp::now());
-        held.push(side(&chb, &tok).await);
-        held.push(side(&chb, &tok).await);
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let per_session = (b.proc.rss().saturating_sub(rss0)) as f64 / f64::from(idle) / 1024.0;
-    drop(held);
     let mut b = b;
     b.proc.stop("TERM");
     drop(a);
 
+    // 3. Memory per carried session: idle pairs on a fresh router C (B's allocator still holds
+    //    the throughput runs' buffers), each side on its own connection.
+    let c = start(ctx, "c", &cert, &key).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle: u32 = 500;
+    let rss0 = c.proc.rss();
+    let key_ = RouterKey::new(KEY.to_vec()).unwrap();
+    let mut held = Vec::new();
+    for _ in 0..idle {
+        let (tok, _, _) = token::mint(&key_, jiff::Timestamp::now());
+        held.push(side(c.port, &ca, &tok).await);
+        held.push(side(c.port, &ca, &tok).await);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let per_session = (c.proc.rss().saturating_sub(rss0)) as f64 / f64::from(idle) / 1024.0;
+    drop(held);
+    drop(c);
+
     vec![
-        Figure::new(PHASE, "grpc.router.rollout_cut", &format!("sessions cut by a router rollout ({total} sessions: {sessions} streaming through the router that got SIGTERM, the rest started on the other during its drain)"), "sessions", vec![cut.len() as f64])
+        Figure::new(PHASE, "grpc.router.rollout_cut", &format!("sessions cut by a router rollout ({total} sessions: {sessions} streaming through the router that got SIGTERM, {} started on the other during its drain)", sessions / 4), "sessions", vec![cut.len() as f64])
             .reference(sessions as f64, "upstream: a router restart cuts every session it carries (#28)", false)
-            .note(format!("the draining router exited {:.1} s after SIGTERM, once its last session ended", exited.as_secs_f64())),
+            .note(format!(
+                "each session is two streams with one router token, each on its own TLS connection (as a jmp client's and its exporter's), 1 KiB every 20 ms for 15 s from the client side, counted on the exporter side; SIGTERM once all {sessions} were streaming ({:.1} s after the first was started); a session counts as cut unless every byte it sent arrived and both ends saw a clean end ({:.1} MiB carried by the {total} in all); the last ended {:.1} s after SIGTERM, and the draining router exited {:.1} s after SIGTERM",
+                opened.as_secs_f64(),
+                carried_bytes as f64 / 1_048_576.0,
+                last_end.as_secs_f64(),
+                exited_at.as_secs_f64()
+            )),
         Figure::new(PHASE, "grpc.router.throughput", "bytes through one router session (32 KiB frames, 1 GiB)", "MiB/s", router_rates)
             .reference(crate::report::median(&relay_rates), "a plain TCP relay of the same bytes in the bench process (one thread, no TLS): the limit", true)
-            .higher_is_better(),
+            .higher_is_better()
+            .note("client and exporter side in the bench process, each on its own TLS connection to the router; the router decrypts, decodes the protobuf frame, and re-encodes and encrypts it; all of it shares the machine's 2 cores with the bench's own TLS ends"),
         Figure::new(PHASE, "grpc.router.cpu_per_gib", "router CPU per GiB carried (TLS both ways, HTTP/2, protobuf frames)", "CPU s/GiB", router_cpu)
             .reference(crate::report::median(&relay_cpu), "the plain TCP relay's CPU for the same GiB", true),
-        Figure::new(PHASE, "grpc.router.memory_per_session", &format!("router memory per carried session ({idle} idle sessions, two streams each)"), "KiB", vec![per_session]),
+        Figure::new(PHASE, "grpc.router.memory_per_session", &format!("router memory per carried session ({idle} idle sessions, two streams on two TLS connections each)"), "KiB", vec![per_session])
+            .note("RSS growth of a fresh router from before the first connection to 2 s after the last pair formed, divided by the sessions"),
     ]
 }

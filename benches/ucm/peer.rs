@@ -21,26 +21,30 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use futures::StreamExt;
+
 use k8s_openapi::api::coordination::v1::Lease as CoordinationLease;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::{Api, Client as KubeClient, ResourceExt};
 use serde_json::json;
-use ucm::exporter::crd::Exporter;
+use ucm::exporter::crd::{Client, Exporter, Lease};
 use ucm_testkit::free_port;
 
 use crate::Ctx;
 use crate::bulk::manager_args;
 use crate::cluster::{Plane, SYSTEM_NS};
-use crate::kube_util::{create_all, create_namespace, track};
+use crate::kube_util::{CONCURRENCY, create_all, create_namespace, track};
 use crate::leases::{self, NS};
 use crate::procs::Proc;
+use crate::procs::cpu_secs;
 use crate::report::{Figure, fmt, median};
-use crate::steps::{LABEL, Samples, WAIT, exporter_done, obj};
+use crate::steps::{LABEL, Samples, WAIT, exporter_done, obj, reference_status};
 
 const PHASE: &str = "peer";
 /// The same signing-key seed for both: a lab moving from the Go controller keeps its
@@ -68,6 +72,8 @@ const ORDER: [Kind; 4] = [Kind::Go, Kind::Ucm, Kind::Ucm, Kind::Go];
 enum Kind {
     Go,
     Ucm,
+    /// The bench's own writes, no controller ([`bare`]).
+    Bare,
 }
 
 impl Kind {
@@ -75,6 +81,7 @@ impl Kind {
         match self {
             Kind::Go => "go",
             Kind::Ucm => "ucm",
+            Kind::Bare => "bare",
         }
     }
 }
@@ -128,7 +135,7 @@ fn configmap(ns: &str) -> ConfigMap {
 /// Replaces ucm's Jumpstarter CRDs with the Go controller's own, waits until each is
 /// Established and lists each kind once (the API server's first request to a CRD builds its
 /// storage, which start-up figures should not include; see cluster.rs).
-async fn install_go_crds(c: &Client) {
+async fn install_go_crds(c: &KubeClient) {
     let dir = peer_src().join("controller/deploy/operator/config/crd/bases");
     let api: Api<CustomResourceDefinition> = Api::all(c.clone());
     let mut kinds = Vec::new();
@@ -199,7 +206,7 @@ async fn plane(kind: Kind, dir: &Path) -> Plane {
             install_go_crds(&c).await;
             NS
         }
-        Kind::Ucm => SYSTEM_NS,
+        Kind::Ucm | Kind::Bare => SYSTEM_NS,
     };
     Api::<ConfigMap>::namespaced(c.clone(), cm_ns)
         .create(&PostParams::default(), &configmap(cm_ns))
@@ -222,6 +229,7 @@ fn spawn(kind: Kind, p: &Plane, go: &Path, log: PathBuf) -> (Proc, SystemTime) {
             );
             (m, wall)
         }
+        Kind::Bare => unreachable!("the bare client runs no controller"),
         Kind::Go => {
             for port in GO_FIXED_PORTS {
                 assert!(
@@ -252,10 +260,11 @@ fn spawn(kind: Kind, p: &Plane, go: &Path, log: PathBuf) -> (Proc, SystemTime) {
 }
 
 /// Seconds from the spawn to the `acquireTime` of the controller's leader-election Lease.
-async fn lease_held(kind: Kind, c: &Client, spawned: SystemTime) -> f64 {
+async fn lease_held(kind: Kind, c: &KubeClient, spawned: SystemTime) -> f64 {
     let (ns, name) = match kind {
         Kind::Go => (NS, GO_LEASE),
         Kind::Ucm => (SYSTEM_NS, UCM_LEASE),
+        Kind::Bare => unreachable!("the bare client runs no controller"),
     };
     let api: Api<CoordinationLease> = Api::namespaced(c.clone(), ns);
     let start = Instant::now();
@@ -328,7 +337,21 @@ async fn load(
     let k = |w: &str| key(kind, &format!("n{n}.{w}"));
     s.push(k("rss_idle"), rss0 / f64::from(1 << 20));
     let (first, m_clients) = ((n / 50).max(1), n.div_ceil(10));
-    let l = leases::load(&p, &m, n, first, run).await;
+    // ucm's check fails the phase; the Go controller's problems are counted and shown.
+    let l = leases::load(&p, &m, n, first, run, kind == Kind::Ucm).await;
+    s.push(k("problems"), l.problems.len() as f64);
+    if !l.problems.is_empty() {
+        let twice = l.problems.iter().filter(|p| p.contains(" holds [")).count();
+        s.push(k("leased_twice"), twice as f64);
+        bd.insert(
+            format!("{}.n{n}.problems", kind.name()),
+            format!(
+                "{} problems ({twice} exporters holding two active Leases), e.g. {}",
+                l.problems.len(),
+                l.problems[..l.problems.len().min(3)].join("; ")
+            ),
+        );
+    }
     let st = &l.exporters;
     let per = |x: f64| x / n as f64;
     s.push(k("rate"), n as f64 / st.secs);
@@ -365,6 +388,212 @@ async fn load(
         bd.insert(format!("{}.n{n}.{what}", kind.name()), v);
     }
     m.stop("TERM");
+}
+
+/// The bare client (issue 50: where the API server is the bound, show it in the same run): on a
+/// fresh control plane with ucm's CRDs and no controller, the bench itself makes the writes a
+/// controller must make for the Clients and Leases of [`leases::load`], in their causal order,
+/// `CONCURRENCY` objects at a time, with the same background load for the Leases (the online
+/// Exporters kept online by the same patches every 20 s). Only the online tenth of the
+/// Exporters exists here (the Leases' targets), without credential Secrets. A Client: created, its credential Secret created,
+/// its status patched (the controllers add a `CredentialCreated` event, off the clock). A Lease:
+/// created, its status patched (exporterRef, Ready), its Exporter's `leaseRef` patched, its
+/// owner reference set; the first step's Leases are then ended and their Exporters freed. Timed
+/// by the same watches as the controllers' steps.
+async fn bare(dir: &Path, n: usize, run: &str, s: &mut Samples) {
+    let p = plane(Kind::Ucm, &dir.join("cp")).await;
+    let c = p.admin.clone();
+    let (first, m) = ((n / 50).max(1), n.div_ceil(10));
+    let k = |w: &str| key(Kind::Bare, &format!("n{n}.{w}"));
+    let exporters: Api<Exporter> = Api::namespaced(c.clone(), NS);
+    let online: Vec<usize> = (0..n).filter(|i| leases::is_online(*i)).collect();
+    let made = create_all_made(
+        &exporters,
+        online.iter().map(|i| leases::exporter(*i, run)).collect(),
+    )
+    .await;
+    let devices: Arc<Vec<(String, String)>> = Arc::new(
+        online
+            .iter()
+            .map(|i| (leases::exporter_name(*i), uuid::Uuid::new_v4().to_string()))
+            .collect(),
+    );
+    leases::fail(
+        "online status patch",
+        &leases::patch_all(&exporters, leases::online_patches(&devices), true).await,
+    );
+    let pp = PatchParams::default();
+
+    // Clients: create, credential Secret, status.
+    let clients: Api<Client> = Api::namespaced(c.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(c.clone(), NS);
+    let tracker = track(
+        clients.clone(),
+        watcher::Config::default().labels(&format!("{LABEL}={run}")),
+        m,
+        leases::client_done,
+    );
+    let t0 = Instant::now();
+    futures::stream::iter(0..m)
+        .for_each_concurrent(CONCURRENCY, |i| {
+            let (clients, secrets, pp) = (clients.clone(), secrets.clone(), pp.clone());
+            async move {
+                let made = clients
+                    .create(&PostParams::default(), &leases::client(i, run))
+                    .await
+                    .unwrap_or_else(|e| panic!("bare client: create Client {i}: {e}"));
+                let name = made.name_any();
+                let secret: Secret = obj(json!({
+                    "apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": format!("{name}-client"), "namespace": NS,
+                                 "ownerReferences": [owner("Client", &name, &made.uid().unwrap_or_default())]},
+                    "type": "Opaque",
+                    // About the size of a minted token.
+                    "stringData": {"token": "t".repeat(480)},
+                }));
+                secrets
+                    .create(&PostParams::default(), &secret)
+                    .await
+                    .unwrap_or_else(|e| panic!("bare client: create Secret of {name}: {e}"));
+                clients
+                    .patch_status(&name, &pp, &Patch::Merge(reference_status("client", &name)))
+                    .await
+                    .unwrap_or_else(|e| panic!("bare client: Client {name} status: {e}"));
+            }
+        })
+        .await;
+    let t1 = tracker.wait("bare client: Clients", WAIT).await;
+    s.push(k("clients"), (t1 - t0).as_secs_f64());
+    // Kept online from here on, as in the controllers' load.
+    let refresher = leases::keep_online(exporters.clone(), devices.clone());
+
+    // Leases: `first`, ended, then `m`, each on the online Exporter of its index.
+    let leases_api: Api<Lease> = Api::namespaced(c.clone(), NS);
+    let uids: Arc<BTreeMap<String, String>> = Arc::new(made);
+    let api_pid = p.apiserver_pid;
+    let step = |prefix: &'static str, count: usize| {
+        let (leases_api, exporters, devices, uids, pp) = (
+            leases_api.clone(),
+            exporters.clone(),
+            devices.clone(),
+            uids.clone(),
+            pp.clone(),
+        );
+        let step = format!("{run}-{prefix}");
+        async move {
+            let tracker = track(
+                leases_api.clone(),
+                watcher::Config::default().labels(&format!("{LABEL}={step}")),
+                count,
+                leases::lease_done,
+            );
+            let cpu0 = cpu_secs(api_pid);
+            let t0 = Instant::now();
+            futures::stream::iter(0..count)
+                .for_each_concurrent(CONCURRENCY, |i| {
+                    let (leases_api, exporters, pp) =
+                        (leases_api.clone(), exporters.clone(), pp.clone());
+                    let exporter = devices[i % devices.len()].0.clone();
+                    let uid = uids.get(&exporter).cloned().unwrap_or_default();
+                    let lease = leases::lease(prefix, i, &step);
+                    async move {
+                        let name = lease.name_any();
+                        leases_api
+                            .create(&PostParams::default(), &lease)
+                            .await
+                            .unwrap_or_else(|e| panic!("bare client: create Lease {name}: {e}"));
+                        let t = crate::steps::now_str();
+                        let status = json!({"status": {
+                            "exporterRef": {"name": exporter},
+                            "beginTime": t,
+                            "ended": false,
+                            "conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
+                                            "message": "bench reference", "lastTransitionTime": t,
+                                            "observedGeneration": 1}],
+                        }});
+                        leases_api
+                            .patch_status(&name, &pp, &Patch::Merge(status))
+                            .await
+                            .unwrap_or_else(|e| panic!("bare client: Lease {name} status: {e}"));
+                        exporters
+                            .patch_status(
+                                &exporter,
+                                &pp,
+                                &Patch::Merge(json!({"status": {"leaseRef": {"name": name}}})),
+                            )
+                            .await
+                            .unwrap_or_else(|e| panic!("bare client: leaseRef of {exporter}: {e}"));
+                        leases_api
+                            .patch(
+                                &name,
+                                &pp,
+                                &Patch::Merge(json!({"metadata": {"ownerReferences": [owner("Exporter", &exporter, &uid)]}})),
+                            )
+                            .await
+                            .unwrap_or_else(|e| panic!("bare client: owner of {name}: {e}"));
+                    }
+                })
+                .await;
+            let t1 = tracker.wait("bare client: Leases", WAIT).await;
+            ((t1 - t0).as_secs_f64(), cpu_secs(api_pid) - cpu0)
+        }
+    };
+    let (t_first, _) = step("a", first).await;
+    let ended: Vec<(String, serde_json::Value)> = (0..first)
+        .map(|i| {
+            (
+                format!("lease-a-{i:04}"),
+                json!({"status": {"ended": true}}),
+            )
+        })
+        .collect();
+    leases::fail(
+        "bare client: end the first Leases",
+        &leases::patch_all(&leases_api, ended, true).await,
+    );
+    let freed: Vec<(String, serde_json::Value)> = (0..first)
+        .map(|i| {
+            (
+                devices[i % devices.len()].0.clone(),
+                json!({"status": {"leaseRef": null}}),
+            )
+        })
+        .collect();
+    leases::fail(
+        "bare client: free the Exporters",
+        &leases::patch_all(&exporters, freed, true).await,
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (t_all, cpu_all) = step("b", m).await;
+    refresher.abort();
+    s.push(k("leases_first"), t_first);
+    s.push(k("leases_all"), t_all);
+    s.push(k("flatness"), (t_all / m as f64) / (t_first / first as f64));
+    s.push(k("lease_api_cpu"), cpu_all * 1000.0 / m as f64);
+}
+
+/// A controller owner reference.
+fn owner(kind: &str, name: &str, uid: &str) -> serde_json::Value {
+    json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": kind, "name": name, "uid": uid,
+           "controller": true, "blockOwnerDeletion": true})
+}
+
+/// [`create_all`], returning each object's uid by name.
+async fn create_all_made(api: &Api<Exporter>, objs: Vec<Exporter>) -> BTreeMap<String, String> {
+    futures::stream::iter(objs)
+        .map(|o| {
+            let api = api.clone();
+            async move {
+                let made = api
+                    .create(&PostParams::default(), &o)
+                    .await
+                    .unwrap_or_else(|e| panic!("bare client: create Exporter: {e}"));
+                (made.name_any(), made.uid().unwrap_or_default())
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await
 }
 
 pub async fn run(ctx: &Ctx) -> Vec<Figure> {
@@ -404,6 +633,13 @@ pub async fn run(ctx: &Ctx) -> Vec<Figure> {
             let d = dir(&format!("n{n}"), i, *kind);
             load(*kind, &d, &go, n, &format!("r{i}"), &mut s, &mut bd).await;
             done(d);
+            // The bare client once per size, between the two ucm runs.
+            if i == 1 {
+                eprintln!("peer N={n}: the bare client");
+                let d = dir(&format!("n{n}"), 0, Kind::Bare);
+                bare(&d, n, "bare", &mut s).await;
+                done(d);
+            }
         }
     }
     figures(&s, &bd, start_n, &sizes)
@@ -486,6 +722,36 @@ fn figures(
                 bd(&format!("go.n{n}.{w}"))
             )
         };
+        // The correctness check's problems per controller run.
+        let checked = || {
+            let runs = |kind: &str| {
+                let v = s.get(&format!("{kind}.n{n}.problems"));
+                let bad = v.iter().filter(|x| **x > 0.0).count();
+                let twice: f64 = s.get(&format!("{kind}.n{n}.leased_twice")).iter().sum();
+                match bad {
+                    0 => format!("{kind}: passed in all {} runs", v.len()),
+                    _ => format!(
+                        "{kind}: failed in {bad} of {} runs ({twice} exporters holding two active Leases in all; {})",
+                        v.len(),
+                        bd(&format!("{kind}.n{n}.problems"))
+                    ),
+                }
+            };
+            format!("Check: {}; {}. ", runs("ucm"), runs("go"))
+        };
+        // The bare client's figure of the same step, same run ([`bare`]), and ucm's against it.
+        let bare = |w: &str, what: &str| {
+            let b = s.get(&format!("bare.n{n}.{w}"));
+            let u = median(&s.get(&format!("ucm.n{n}.{w}")));
+            match b.first() {
+                Some(b) => format!(
+                    "; the bare client (no controller: {what}, 8 at a time, the same keep-online load), same run: {} (ucm {:.2}× that)",
+                    fmt(*b),
+                    u / b
+                ),
+                None => String::new(),
+            }
+        };
         f.extend([
             fig(
                 &k("objects_per_s"),
@@ -543,7 +809,11 @@ fn figures(
                 "s",
                 &k("clients"),
             )
-            .note(format!("issue 50 goal ≤ 0.5× Go; {}", top("clients"))),
+            .note(format!(
+                "issue 50 goal ≤ 0.5× Go; {}{}",
+                top("clients"),
+                bare("clients", "create, the credential Secret, the status patch: the writes on the path to a credential; in s")
+            )),
             fig(
                 &k("online"),
                 format!("{m} of {n} Exporters made online (status patch) → Online and Registered"),
@@ -557,21 +827,27 @@ fn figures(
                 "s",
                 &k("leases_first"),
             )
-            .note("one Lease per Client, an hour, selecting any online Exporter; released and ended before the next step. Issue 50 goal ≤ 0.5× Go"),
+            .note(format!(
+                "one Lease per Client, an hour, selecting any online Exporter; released and ended before the next step. Issue 50 goal ≤ 0.5× Go{}",
+                bare("leases_first", "create, status with exporterRef and Ready, the Exporter's leaseRef, the owner reference; in s")
+            )),
             fig(
                 &k("leases_all"),
                 format!("{m} Leases among {n} Exporters: create → all assigned and Ready"),
                 "s",
                 &k("leases_all"),
             )
-            .note(format!("the online Exporters patched every 20 s meanwhile (spread over the period). Checked after each run, for both controllers (the phase fails otherwise): no exporter holds two active Leases, every Lease is on an online Exporter, every Exporter's and Client's credential Secret has a token and its owner as controller. Issue 50 goal ≤ 0.5× Go; {}", top("leases"))),
+            .note(format!("the online Exporters patched every 20 s meanwhile (spread over the period). Checked after each run, for both controllers: no exporter holds two active Leases, every Lease is on an online Exporter, every Exporter's and Client's credential Secret has a token and its owner as controller (ucm failing it fails the phase; the Go controller's problems are counted here). {}Issue 50 goal ≤ 0.5× Go; {}{}", checked(), top("leases"), bare("leases_all", "the same four writes per Lease; in s"))),
             fig(
                 &k("per_lease_growth"),
                 format!("time per Lease at {m} Leases / at {first}"),
                 "ratio",
                 &k("flatness"),
             )
-            .note("issue 50 goal ≤ 1.2 for ucm"),
+            .note(format!(
+                "issue 50 goal ≤ 1.2 for ucm{}",
+                bare("flatness", "the same ratio of its own two Lease steps")
+            )),
             fig(
                 &k("lease_requests"),
                 format!("controller API requests per Lease assignment ({first} + {m} Leases)"),
@@ -584,7 +860,8 @@ fn figures(
                 format!("{m} Leases: etcd + kube-apiserver CPU per Lease"),
                 "ms",
                 &k("lease_api_cpu"),
-            ),
+            )
+            ,
         ]);
     }
     f

@@ -60,10 +60,18 @@ impl Ledger {
             .map(|((_, l), (exporter, spot))| assigned(l, exporter, *spot))
             .collect();
         // A Lease this replica has not written yet (no status) waits in the queue too: leaving
-        // it out let later Leases pass earlier ones still owed their first pass.
+        // it out let later Leases pass earlier ones still owed their first pass. One in flight
+        // is its stand-in only: its cached copy (still unassigned) counted it a second time, as
+        // a Lease waiting ahead, while its stand-in held the exporter, so in a burst later Leases
+        // saw more Leases ahead than free exporters and queued behind assignments already made.
+        let flying: std::collections::HashSet<&str> = in_flight
+            .iter()
+            .filter_map(|l| l.metadata.name.as_deref())
+            .collect();
         let mut active: Vec<&Lease> = cached
             .iter()
             .copied()
+            .filter(|l| !flying.contains(l.metadata.name.as_deref().unwrap_or_default()))
             .filter(|l| is_active(l) || (l.status.is_none() && !is_ended_label(l)))
             .collect();
         active.extend(in_flight.iter());
@@ -284,6 +292,27 @@ mod tests {
             Assignment::Scheduled(Default::default())
         });
         assert_eq!(ledger.len(), 0);
+    }
+
+    #[test]
+    fn a_lease_in_flight_counts_once_as_assigned_not_also_as_waiting() {
+        let ledger = Ledger::default();
+        // A burst: l1 and l2 created, neither written yet; l1 takes e1.
+        let (l1, l2) = (Lease::new("l1", Default::default()), pending("l2"));
+        ledger.decide("lab", "l1", cache(&[&l1, &l2]), |_| assign("e1"));
+        // l2's pass, before the cache shows l1 assigned: l1 holds e1 and waits nowhere.
+        ledger.decide("lab", "l2", cache(&[&l1, &l2]), |active| {
+            let l1s: Vec<&&Lease> = active
+                .iter()
+                .filter(|l| l.metadata.name.as_deref() == Some("l1"))
+                .collect();
+            assert_eq!(l1s.len(), 1, "l1 once: {active:?}");
+            assert_eq!(
+                l1s[0].status.as_ref().and_then(|s| s.exporter_ref_name()),
+                Some("e1")
+            );
+            assign("e2")
+        });
     }
 
     #[test]

@@ -41,7 +41,6 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::ObjectMeta;
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{error, info};
 
 use crate::exporter::auth::Authn;
@@ -243,7 +242,12 @@ async fn serve(
         .add_service(proto::reflection_v1alpha())
         .add_service(ControllerServiceServer::new(svc))
         .add_service(ClientServiceServer::new(client_svc))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopper)
+        // TCP_NODELAY, as tonic sets it on listeners it binds itself: a router token pushed
+        // down a Listen stream must not wait for the exporter's delayed ACK.
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stopper,
+        )
         .await
         .map_err(|e| format!("gRPC server: {e}"));
     info!("exporter gRPC server stopped");

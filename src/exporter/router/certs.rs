@@ -134,6 +134,12 @@ pub fn incoming(
                     }
                 },
             };
+            // Frames are forwarded as they come: Nagle's algorithm would hold a small write
+            // (a keystroke, an HTTP/2 WINDOW_UPDATE) until the peer's delayed ACK, up to 40 ms,
+            // and stall a bulk stream on its flow-control window.
+            if let Err(e) = tcp.set_nodelay(true) {
+                debug!(%peer, error = %e, "router: TCP_NODELAY not set");
+            }
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
