@@ -13,7 +13,14 @@ const ROOTS: &[&str] = &[
 ];
 
 /// Outputs the docs name, which a clean clone does not have (`make` and `make fuzz` make them).
-const BUILT: &[&str] = &["e2e/bin/", "fuzz/artifacts"];
+/// A folder is named with or without its trailing slash (`e2e/bin` or `e2e/bin/...`).
+const BUILT: &[&str] = &["e2e/bin", "fuzz/artifacts"];
+
+/// `w` is the folder `dir` or a path inside it (not `e2e/binaries`).
+fn is_under(w: &str, dir: &str) -> bool {
+    w.strip_prefix(dir)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || rest == ".")
+}
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -33,7 +40,7 @@ fn is_path_char(c: char) -> bool {
 fn named_paths(text: &str) -> Vec<&str> {
     text.split(|c: char| !is_path_char(c))
         .filter(|w| ROOTS.iter().any(|r| w.starts_with(r)))
-        .filter(|w| !is_pattern(w) && !BUILT.iter().any(|b| w.starts_with(b)))
+        .filter(|w| !is_pattern(w) && !BUILT.iter().any(|b| is_under(w, b)))
         .map(|w| w.trim_end_matches(['.', ',']))
         .collect()
 }
@@ -162,8 +169,21 @@ In `src/runtime/`:
 | `gone.rs` | nothing |
 
 ## Next
+Built by make: `e2e/bin`, e2e/bin/kubectl; never: e2e/binaries.
 ";
     let problems = check_page(&repo, "x.md", page);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p == "docs/x.md:14: e2e/binaries does not exist"),
+        "{problems:?}"
+    );
+    assert!(
+        !problems
+            .iter()
+            .any(|p| p.contains("e2e/bin ") || p.contains("e2e/bin/kubectl")),
+        "{problems:?}"
+    );
     assert!(
         problems
             .iter()
