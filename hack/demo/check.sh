@@ -38,9 +38,13 @@ host_snapshot "$snap/before"
 t0=$SECONDS
 # Job control puts the run in a process group of its own, as a terminal's foreground job is, and
 # leaves SIGINT to it (without it, a background job starts with SIGINT ignored, which no trap can
-# undo). tee's own output is not needed: the log is what the user would read.
+# undo). tee's own output is not needed: the log is what the user would read. A terminal's job
+# starts with SIGINT and SIGHUP at their defaults, but this check may itself have been started
+# with them ignored (`cmd &` in a script without job control: a CI wrapper, nohup), which `set -m`
+# does not undo, and a shell cannot trap a signal ignored on entry: the run would never see the
+# Ctrl-C. Reset them, as a terminal would.
 set -m
-bash -c 'hack/demo/run-node.sh 2>&1 | tee "$1" >/dev/null' run-check "$log" </dev/null &
+env --default-signal=INT,HUP,PIPE,TERM bash -c 'hack/demo/run-node.sh 2>&1 | tee "$1" >/dev/null' run-check "$log" </dev/null &
 pid=$!
 set +m
 pgid=$pid
