@@ -87,7 +87,7 @@ pub fn exporter(i: usize, run: &str) -> Exporter {
     }))
 }
 
-fn client_name(i: usize) -> String {
+pub fn client_name(i: usize) -> String {
     format!("client-{i:04}")
 }
 
@@ -143,7 +143,7 @@ pub fn lease_ended(l: &Lease) -> bool {
 /// (Registered from `devices`, Online from a recent `lastSeen` and a status other than Offline),
 /// as the reference left them to the Go controller; ucm's own gRPC path derives them in the
 /// same write, which would leave the manager nothing to do in the timed step.
-fn online_status(uuid: &str) -> Value {
+pub fn online_status(uuid: &str) -> Value {
     json!({"status": {
         "lastSeen": now_str(),
         "exporterStatus": "Available",
@@ -190,8 +190,17 @@ pub fn keep_online(
     api: Api<Exporter>,
     devices: Arc<Vec<(String, String)>>,
 ) -> tokio::task::JoinHandle<()> {
+    keep_online_every(api, devices, REFRESH)
+}
+
+/// [`keep_online`] with each exporter's patch every `period`.
+pub fn keep_online_every(
+    api: Api<Exporter>,
+    devices: Arc<Vec<(String, String)>>,
+    period: Duration,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let gap = REFRESH / devices.len().max(1) as u32;
+        let gap = period / devices.len().max(1) as u32;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + gap, gap);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         for (name, uuid) in devices.iter().cycle() {

@@ -69,7 +69,7 @@ const GO_CRDS: [&str; 4] = [
 const ORDER: [Kind; 4] = [Kind::Go, Kind::Ucm, Kind::Ucm, Kind::Go];
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Kind {
+pub(crate) enum Kind {
     Go,
     Ucm,
     /// The bench's own writes, no controller ([`bare`]).
@@ -77,7 +77,7 @@ enum Kind {
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Go => "go",
             Kind::Ucm => "ucm",
@@ -101,7 +101,7 @@ fn peer_src() -> PathBuf {
 }
 
 /// Builds (or finds in the cache) the Go controller; panics with the script's error.
-fn go_bin() -> PathBuf {
+pub(crate) fn go_bin() -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/bench/peer.sh");
     let out = Command::new(&script)
         .env("UCM_BENCH_PEER_SRC", peer_src())
@@ -197,7 +197,7 @@ async fn install_go_crds(c: &KubeClient) {
 }
 
 /// A fresh control plane ready for `kind`: namespace, ConfigMap, CRDs.
-async fn plane(kind: Kind, dir: &Path) -> Plane {
+pub(crate) async fn plane(kind: Kind, dir: &Path) -> Plane {
     let p = Plane::start(dir).await;
     let c = p.admin.clone();
     create_namespace(&c, NS).await;
@@ -217,7 +217,7 @@ async fn plane(kind: Kind, dir: &Path) -> Plane {
 
 /// Spawns the controller with its shipped defaults; returns it and the wall-clock time of the
 /// spawn (Lease `acquireTime`s are wall-clock).
-fn spawn(kind: Kind, p: &Plane, go: &Path, log: PathBuf) -> (Proc, SystemTime) {
+pub(crate) fn spawn(kind: Kind, p: &Plane, go: &Path, log: PathBuf) -> (Proc, SystemTime) {
     match kind {
         Kind::Ucm => {
             let wall = SystemTime::now();
@@ -573,7 +573,7 @@ async fn bare(dir: &Path, n: usize, run: &str, s: &mut Samples) {
 }
 
 /// A controller owner reference.
-fn owner(kind: &str, name: &str, uid: &str) -> serde_json::Value {
+pub(crate) fn owner(kind: &str, name: &str, uid: &str) -> serde_json::Value {
     json!({"apiVersion": "jumpstarter.dev/v1alpha1", "kind": kind, "name": name, "uid": uid,
            "controller": true, "blockOwnerDeletion": true})
 }

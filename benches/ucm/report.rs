@@ -173,6 +173,10 @@ pub const PHASE_TITLES: &[(&str, &str)] = &[
         "Exporter feature against the Go controller v0.9.0, same run (Go, ucm, ucm, Go)",
     ),
     (
+        "churn",
+        "Lease churn and exporter reports at 10,000 Exporters against the Go controller v0.9.0, same run",
+    ),
+    (
         "queue",
         "Lease scheduler: 2,000 Leases, three priorities, 50 exporters",
     ),
