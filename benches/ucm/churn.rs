@@ -355,15 +355,7 @@ async fn one_lease(ch: Arc<Churn>, name: String, client: String) -> (f64, bool) 
     if let Some((e, uid)) = &exporter {
         {
             let _slot = b.slots.acquire().await.unwrap();
-            let t = now_str();
-            let status = json!({"status": {
-                "exporterRef": {"name": e},
-                "beginTime": t,
-                "ended": false,
-                "conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
-                                "message": "bench reference", "lastTransitionTime": t,
-                                "observedGeneration": 1}],
-            }});
+            let status = crate::steps::lease_assigned_status(e);
             warn(
                 &format!("status of {name}"),
                 ch.leases

@@ -502,15 +502,7 @@ async fn bare(dir: &Path, n: usize, run: &str, s: &mut Samples) {
                             .create(&PostParams::default(), &lease)
                             .await
                             .unwrap_or_else(|e| panic!("bare client: create Lease {name}: {e}"));
-                        let t = crate::steps::now_str();
-                        let status = json!({"status": {
-                            "exporterRef": {"name": exporter},
-                            "beginTime": t,
-                            "ended": false,
-                            "conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
-                                            "message": "bench reference", "lastTransitionTime": t,
-                                            "observedGeneration": 1}],
-                        }});
+                        let status = crate::steps::lease_assigned_status(&exporter);
                         leases_api
                             .patch_status(&name, &pp, &Patch::Merge(status))
                             .await

@@ -66,6 +66,20 @@ pub fn exporter_done(e: &Exporter) -> bool {
     })
 }
 
+/// A Lease's status as a controller's assignment to `exporter` writes it (exporterRef, Ready),
+/// for the bare clients that stand in for a controller.
+pub fn lease_assigned_status(exporter: &str) -> Value {
+    let t = now_str();
+    json!({"status": {
+        "exporterRef": {"name": exporter},
+        "beginTime": t,
+        "ended": false,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
+                        "message": "bench reference", "lastTransitionTime": t,
+                        "observedGeneration": 1}],
+    }})
+}
+
 /// A final status of each kind, as the bare client writes it in the reference.
 pub fn reference_status(kind: &str, name: &str) -> Value {
     let t = now_str();
@@ -87,12 +101,7 @@ pub fn reference_status(kind: &str, name: &str) -> Value {
             "tokenExpiresAt": t,
         }}),
         // The bare client names no real exporter: it writes what an assignment writes.
-        "lease" => json!({"status": {
-            "exporterRef": {"name": format!("exporter-of-{name}")},
-            "beginTime": t,
-            "ended": false,
-            "conditions": [cond("Ready", "True", "Ready")],
-        }}),
+        "lease" => lease_assigned_status(&format!("exporter-of-{name}")),
         "vmexport" => json!({"status": {
             "phase": "Ready",
             "serviceName": format!("virt-export-{name}"),
