@@ -114,6 +114,22 @@ async fn live_managers(pods: &Api<Pod>) -> Vec<Pod> {
         .collect()
 }
 
+/// Restarts of the Pod's containers, as the kubelet reports them.
+fn restarts(p: &Pod) -> i32 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum())
+}
+
+/// The Pod's own Ready condition (the kubelet's, ahead of the Service's endpoints).
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 fn is_leader(p: &Pod) -> bool {
     p.labels().get("ucm.io/leader").map(String::as_str) == Some("true")
 }
@@ -1476,6 +1492,7 @@ async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
     let ca = secret_data(&secrets, "ucm-exporter-grpc-tls", "tls.crt").await;
     let pid = manager_pid(&other.name_any()).expect("the other replica's process");
+    let restarts_before = restarts(&other);
     let t0 = Instant::now();
     signal(pid, "KILL");
     let survivor =
@@ -1488,10 +1505,18 @@ async fn jmp_keeps_working_through_a_rolling_restart_and_a_killed_replica() {
         survivor < Duration::from_secs(1),
         "a Dial for an exporter on the survivor took {survivor:?} after the kill"
     );
+    // The kubelet has restarted the killed container and it is ready again. Without the
+    // restart count, the check below can pass on what the API showed before the kubelet
+    // noticed the kill, and step 4 would then kill the only live replica.
     eventually(
         Duration::from_secs(120),
-        "two serving replicas after the restart",
-        || async { serving_leader(&client).await.is_some() },
+        "the killed replica restarted, and two serving replicas",
+        || async {
+            pods.get(&other.name_any())
+                .await
+                .is_ok_and(|p| restarts(&p) > restarts_before && pod_ready(&p))
+                && serving_leader(&client).await.is_some()
+        },
     )
     .await;
 
