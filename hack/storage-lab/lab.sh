@@ -156,7 +156,11 @@ log "DRBD $drbd_version: vol1 Primary on lab-a ($drbd_bytes bytes, ext4), vol2 u
 
 # --- ucm: agents in the guests, the manager on the host (snapshot feature only). ---
 for g in lab-a lab-b; do rpc "$g" ". guest-lib.sh; start_agent $g" >/dev/null || die "agent start in $g"; done
-mport=$(( 30000 + RANDOM % 10000 ))
+# The manager's two ports, below the kernel's ephemeral range: a port inside it can meanwhile
+# be the local end of any outgoing connection on the host, and the manager's bind then fails
+# (it did once: EADDRINUSE on the health port, and the lab waited for rounds nobody ran).
+ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range)
+mport=$(( 10000 + RANDOM % (ephemeral - 10002) ))
 flags=()
 for f in exporter snapshot vmexport; do flags+=("--enable-$f=$([[ $f == snapshot ]] && echo true || echo false)"); done
 start_manager() { # appends to manager.log; a restart after a SIGKILL continues from status
@@ -164,6 +168,14 @@ start_manager() { # appends to manager.log; a restart after a SIGKILL continues 
     --metrics-bind-address="127.0.0.1:$mport" --health-probe-bind-address="127.0.0.1:$((mport + 1))" \
     >>"$work/manager.log" 2>&1 &
   manager_pid=$!
+  # Ready (its caches synced) before anything is asked of it; a manager that exited fails here.
+  local i
+  for i in $(seq 120); do
+    curl -sf --max-time 2 "http://127.0.0.1:$((mport + 1))/readyz" >/dev/null && return 0
+    kill -0 "$manager_pid" 2>/dev/null || die "the manager exited: $(tail -3 "$work/manager.log")"
+    sleep 0.5
+  done
+  die "the manager was not ready 60 s after its start: $(tail -3 "$work/manager.log")"
 }
 start_manager
 
