@@ -40,7 +40,7 @@ use crate::steps::{
 
 const PHASE: &str = "leases";
 /// The reference of the figures a bare client measures in the same run.
-const BARE: &str = "bare client, same run";
+const BARE: &str = "bare client";
 /// Where the Go controller's figures are.
 const PEER: &str = "The Go controller v0.9.0 in the same run: the `peer` phase.";
 /// The reconcile histogram of the manager's /metrics: its count is the passes.

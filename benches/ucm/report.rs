@@ -166,7 +166,7 @@ pub const PHASE_TITLES: &[(&str, &str)] = &[
     ),
     (
         "leases",
-        "Exporter feature against the upstream Go controller (Exporters, Clients, Leases)",
+        "Exporter feature at issue 17's load (Exporters, Clients, Leases)",
     ),
     (
         "peer",
