@@ -1,7 +1,6 @@
-//! Phase `leases` (docs/benchmarks.md): the exporter feature at the load the upstream Go
-//! controller was measured with (jumpstarter b1f2bb41, 2026-12-01), each figure next to the Go
-//! figure as a stated reference and, where one exists, a bare client measured in the same run. Per
-//! run, on a fresh control plane and a manager with the shipped defaults (every feature, leader
+//! Phase `leases` (docs/benchmarks.md): the exporter feature at issue 17's load, each figure next
+//! to a bare client measured in the same run where one exists, or to issue 17's goal (the Go
+//! controller in the same run is the `peer` phase's). Per run, on a fresh control plane and a manager with the shipped defaults (every feature, leader
 //! election, the default worker count):
 //! 1. idle RSS at /readyz + 20 s with the CRDs installed and no objects;
 //! 2. 5,000 Exporters in one namespace, create → every final status; RSS 5 s later;
@@ -40,33 +39,20 @@ use crate::steps::{
 };
 
 const PHASE: &str = "leases";
+/// The reference of the figures a bare client measures in the same run.
+const BARE: &str = "bare client";
+/// Where the Go controller's figures are.
+const PEER: &str = "The Go controller v0.9.0 in the same run: the `peer` phase.";
 /// The reconcile histogram of the manager's /metrics: its count is the passes.
 const RECONCILE: &str = "controller_runtime_reconcile_time_seconds";
 pub const NS: &str = "bench";
 /// The label only the online Exporters carry; every Lease selects it, so each Lease can take any
-/// free online Exporter (the Go controller's measurement does not say which selector it used).
+/// free online Exporter.
 pub const POOL: &str = "ucm-bench-pool";
 pub const ONLINE: &str = "online";
 /// The reference's status patch interval; the offline threshold is 60 s.
 const REFRESH: Duration = Duration::from_secs(20);
 const IDLE: Duration = Duration::from_secs(20);
-
-/// The Go controller's figures at N = 5,000 (jumpstarter b1f2bb41, measured 2026-12-01).
-const GO_BULK_RATE: f64 = 170.0;
-const GO_REQUESTS: f64 = 4.0;
-const GO_WRITES: f64 = 4.0;
-const GO_API_CPU_MS: f64 = 11.4;
-const GO_MANAGER_CPU_MS: f64 = 2.50;
-const GO_RSS_PER_EXPORTER_KIB: f64 = 9.8;
-const GO_RSS_AFTER_MIB: f64 = 99.1;
-const GO_RSS_IDLE_MIB: f64 = 51.2;
-const GO_CLIENTS_S: f64 = 4.01;
-const GO_ONLINE_S: f64 = 4.27;
-const GO_LEASES_S: f64 = 8.7;
-
-fn go(extra: &str) -> String {
-    format!("Go controller, N=5,000: peer-figures.md, jumpstarter b1f2bb41, 2026-12-01{extra}")
-}
 
 pub fn exporter_name(i: usize) -> String {
     format!("exp-{i:05}")
@@ -646,12 +632,10 @@ fn figures(
             "objects/s",
             "exporters.rate",
         )
-        .reference(GO_BULK_RATE, &go("; issue 17 goal ≥ 2× Go"), false)
+        .reference(med("ref.exporters.rate"), BARE, true)
         .higher_is_better()
         .note(format!(
-            "{shipped}; bench creates 8 at a time. Bare client in the same run (create + status patch of the same Exporters, 8 at a time, own control plane): {:.0} objects/s, ucm / bare {:.2}",
-            med("ref.exporters.rate"),
-            med("exporters.rate") / med("ref.exporters.rate"),
+            "{shipped}; bench creates 8 at a time, the bare client too (create + status patch of the same Exporters). {PEER}"
         )),
         fig(
             "exporters.requests_per_object",
@@ -659,7 +643,7 @@ fn figures(
             "requests",
             "exporters.requests",
         )
-        .reference(GO_REQUESTS, &go("; issue 17 goal ≤ 3"), false)
+        .reference(3.0, "issue 17 goal ≤ 3", false)
         .note(format!(
             "{counted} ({:.0} Lease requests in the step); top: {}",
             med("exporters.leader_lease"),
@@ -671,19 +655,16 @@ fn figures(
             "writes",
             "exporters.writes",
         )
-        .reference(GO_WRITES, &go(""), false)
-        .note("creates, updates, patches and deletes of the requests above"),
+        .note(format!("creates, updates, patches and deletes of the requests above. {PEER}")),
         fig(
             "exporters.apiserver_cpu_per_object",
             format!("{n} Exporters: etcd + kube-apiserver CPU per Exporter"),
             "ms",
             "exporters.api_cpu",
         )
-        .reference(GO_API_CPU_MS, &go(""), false)
+        .reference(med("ref.exporters.api_cpu"), BARE, true)
         .note(format!(
-            "CPU of the kharness process (etcd and kube-apiserver) during the step, from /proc. Bare client in the same run: {:.2} ms (ucm / bare {:.2}). The manager itself: {:.2} ms per Exporter (Go {GO_MANAGER_CPU_MS} ms)",
-            med("ref.exporters.api_cpu"),
-            med("exporters.api_cpu") / med("ref.exporters.api_cpu"),
+            "CPU of the kharness process (etcd and kube-apiserver) during the step, from /proc. The manager itself: {:.2} ms per Exporter. {PEER}",
             med("exporters.manager_cpu"),
         )),
         fig(
@@ -692,9 +673,9 @@ fn figures(
             "KiB",
             "rss.per_exporter",
         )
-        .reference(GO_RSS_PER_EXPORTER_KIB, &go("; issue 17 goal ≤ 5 KiB, 0.5× Go"), false)
+        .reference(5.0, "issue 17 goal ≤ 5 KiB", false)
         .note(format!(
-            "(RSS 5 s after the manager went quiet after the last final status − idle RSS) / Exporters; the caches hold each Exporter's credential Secret too, and the allocator keeps some of the bulk's garbage. RSS after the bulk: {:.1} MiB (Go {GO_RSS_AFTER_MIB} MiB)",
+            "(RSS 5 s after the manager went quiet after the last final status − idle RSS) / Exporters; the caches hold each Exporter's credential Secret too, and the allocator keeps some of the bulk's garbage. RSS after the bulk: {:.1} MiB. {PEER}",
             med("rss.after")
         )),
         fig(
@@ -703,9 +684,8 @@ fn figures(
             "MiB",
             "rss.zero",
         )
-        .reference(GO_RSS_IDLE_MIB, &go(""), false)
         .note(format!(
-            "{shipped}; read once the bare client's references were done, a median {:.1} s after /readyz (Go: + 20 s)",
+            "{shipped}; read once the bare client's references were done, a median {:.1} s after /readyz. {PEER}",
             med("rss.zero_after")
         )),
         fig(
@@ -714,11 +694,8 @@ fn figures(
             "s",
             "clients.secs",
         )
-        .reference(GO_CLIENTS_S, &go(""), false)
-        .note(format!(
-            "Bare client in the same run (create + status patch): {:.2} s",
-            med("ref.clients.secs")
-        )),
+        .reference(med("ref.clients.secs"), BARE, true)
+        .note(format!("the bare client creates each Client and patches its status. {PEER}")),
         fig(
             "clients.requests_per_object",
             format!("{m} Clients: manager API requests per Client"),
@@ -737,9 +714,8 @@ fn figures(
             "s",
             "online.secs",
         )
-        .reference(GO_ONLINE_S, &go(""), false)
         .note(format!(
-            "one merge patch of each Exporter's status, 8 at a time, as peer-figures.md describes: lastSeen (now), exporterStatus Available, statusMessage, one device; the conditions are left to the manager (Registered from devices, Online from lastSeen), as the reference left them to the Go controller. The same patch is repeated every 20 s while the lease steps run. Manager requests per Exporter in the step: {:.2}; top: {}",
+            "one merge patch of each Exporter's status, 8 at a time, as an exporter reports itself: lastSeen (now), exporterStatus Available, statusMessage, one device; the conditions are left to the manager (Registered from devices, Online from lastSeen). {PEER} The same patch is repeated every 20 s while the lease steps run. Manager requests per Exporter in the step: {:.2}; top: {}",
             med("online.requests"),
             bd("online")
         )),
@@ -750,7 +726,7 @@ fn figures(
             "leases.first.secs",
         )
         .note(format!(
-            "one Lease per Client, each an hour long, selector matchLabels {POOL}={ONLINE}: the label only the online Exporters carry, so each Lease can take any free online Exporter (peer-figures.md does not say which selector the reference used). Released (spec.release) and ended before the next step"
+            "one Lease per Client, each an hour long, selector matchLabels {POOL}={ONLINE}: the label only the online Exporters carry, so each Lease can take any free online Exporter. Released (spec.release) and ended before the next step"
         )),
         fig(
             "leases.seconds",
@@ -758,10 +734,9 @@ fn figures(
             "s",
             "leases.all.secs",
         )
-        .reference(GO_LEASES_S, &go("; issue 17 goal ≤ 4 s, 0.5× Go"), false)
+        .reference(med("ref.leases.secs"), BARE, true)
         .note(format!(
-            "one Lease per Client, one per online Exporter, same selector; each online Exporter is patched every 20 s meanwhile (one patch every 40 ms, spread evenly), and the passes that triggers run in the same worker. Bare client in the same run (create + status patch of the Leases): {:.2} s. Per Lease, until the manager was quiet: {:.1} lease passes (`controller_runtime_reconcile_time_seconds` count), {:.2} ms of manager CPU, {:.1} ms of etcd + kube-apiserver CPU. Checked after each run (the phase fails otherwise): no exporter holds two active leases, every Lease is on an online exporter, every Exporter's and Client's credential Secret has a token and its owner as controller",
-            med("ref.leases.secs"),
+            "one Lease per Client, one per online Exporter, same selector; each online Exporter is patched every 20 s meanwhile (one patch every 40 ms, spread evenly), and the passes that triggers run in the same worker. The bare client creates the Leases and patches their status (issue 17's goal: ≤ 4 s). {PEER} Per Lease, until the manager was quiet: {:.1} lease passes (`controller_runtime_reconcile_time_seconds` count), {:.2} ms of manager CPU, {:.1} ms of etcd + kube-apiserver CPU. Checked after each run (the phase fails otherwise): no exporter holds two active leases, every Lease is on an online exporter, every Exporter's and Client's credential Secret has a token and its owner as controller",
             med("leases.all.passes"),
             med("leases.all.manager_cpu"),
             med("leases.all.api_cpu"),
@@ -786,7 +761,7 @@ fn figures(
         )
         .reference(0.05, "issue 17 goal ≤ 0.05", false)
         .note(format!(
-            "responses with code 409 to the manager's requests (audit log responseStatus.code) in both lease steps, its leader-election Lease apart; ucm at 369af94 had 263 in peer-figures.md's 500-Lease step. Where they were, last run (first step; second step): {}",
+            "responses with code 409 to the manager's requests (audit log responseStatus.code) in both lease steps, its leader-election Lease apart. Where they were, last run (first step; second step): {}",
             bd("conflicts")
         )),
         fig(
