@@ -1,7 +1,7 @@
 //! Phase `leases` (docs/benchmarks.md): the exporter feature at issue 17's load, each figure next
 //! to a bare client measured in the same run where one exists, or to issue 17's goal (the Go
-//! controller in the same run is the `peer` phase's). Per run, on a fresh control plane and a manager with the shipped defaults (every feature, leader
-//! election, the default worker count):
+//! controller in the same run is the `peer` phase's). Per run, on a fresh control plane and a
+//! manager with the shipped defaults (every feature, leader election, the default worker count):
 //! 1. idle RSS at /readyz + 20 s with the CRDs installed and no objects;
 //! 2. 5,000 Exporters in one namespace, create → every final status; RSS 5 s later;
 //! 3. 500 Clients, create → credential;
