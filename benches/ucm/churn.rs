@@ -45,7 +45,7 @@ use tokio::task::JoinHandle;
 use ucm::exporter::crd::{Client, Exporter, Lease};
 
 use crate::Ctx;
-use crate::kube_util::{CONCURRENCY, create_all, track};
+use crate::kube_util::{CONCURRENCY, applied, create_all, track};
 use crate::leases::{self, NS, ONLINE, POOL};
 use crate::peer::{self, Kind};
 use crate::procs::{Proc, cpu_secs};
@@ -128,17 +128,8 @@ fn watch_leases(api: Api<Lease>, run: &str) -> (Arc<Mutex<Seen>>, JoinHandle<()>
     let cfg = watcher::Config::default().labels(&format!("{LABEL}={run}"));
     let s2 = seen.clone();
     let task = tokio::spawn(async move {
-        let mut stream = watcher(api, cfg).boxed();
-        while let Some(ev) = stream.next().await {
-            let l = match ev {
-                Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => l,
-                Ok(_) => continue,
-                Err(e) => {
-                    eprintln!("  churn lease watch: {e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
+        let mut stream = applied(api, cfg, "churn lease").boxed();
+        while let Some(l) = stream.next().await {
             let name = l.name_any();
             let mut s = s2.lock().unwrap();
             if leases::lease_ended(&l) {
@@ -185,17 +176,8 @@ fn watch_online(
     let cfg = watcher::Config::default().labels(&format!("{LABEL}={run},{REPORT}=yes"));
     let s2 = seen.clone();
     let task = tokio::spawn(async move {
-        let mut stream = watcher(api, cfg).boxed();
-        while let Some(ev) = stream.next().await {
-            let e = match ev {
-                Ok(watcher::Event::Apply(e) | watcher::Event::InitApply(e)) => e,
-                Ok(_) => continue,
-                Err(err) => {
-                    eprintln!("  churn exporter watch: {err}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
+        let mut stream = applied(api, cfg, "churn exporter").boxed();
+        while let Some(e) = stream.next().await {
             let online = e
                 .status
                 .as_ref()

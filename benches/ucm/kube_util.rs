@@ -43,6 +43,29 @@ where
         .await;
 }
 
+/// The objects a watch lists or changes, in its order. An error is logged (`what` names the
+/// watch) and the watch goes on after 200 ms; the watcher re-lists by itself.
+pub fn applied<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    what: &'static str,
+) -> impl futures::Stream<Item = K> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    watcher(api, cfg).filter_map(move |ev| async move {
+        match ev {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => Some(o),
+            Ok(_) => None,
+            Err(e) => {
+                eprintln!("  {what} watch: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                None
+            }
+        }
+    })
+}
+
 /// Watches `api` and counts the objects for which `done` holds; `reached` is the instant the
 /// count first reached `n`.
 pub struct Tracker {

@@ -1859,10 +1859,7 @@ async fn a_jmp_shell_session_outlives_a_router_rollout_and_a_certificate_renewal
         ready_routers()
             .await
             .iter()
-            .map(|p| {
-                let s = p.status.as_ref().unwrap().container_statuses.as_ref();
-                (p.name_any(), s.unwrap()[0].restart_count)
-            })
+            .map(|p| (p.name_any(), restarts(p)))
             .collect::<Vec<_>>()
     };
     let routers_before = routers_now().await;
